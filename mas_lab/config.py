@@ -1,0 +1,256 @@
+"""Task files: the schema of tasks/*.yaml, loading, `--set` overrides and clear errors.
+
+A task file says which environment, which roles act in which order, which policy (model) each
+role uses, how each role samples, the AT-GRPO settings (paper Sec. 4, Algorithm 1), the training
+budget, resources and tracking. Every field is documented here; README.md has the reference.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class TaskFileError(Exception):
+    """A task file that cannot be used; the message names the file, the field and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Sampling(_Strict):
+    """How a role samples its K candidates."""
+
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(64, ge=1, le=8192)
+
+
+class Role(_Strict):
+    """One agent of the team. Turn order is the order of `roles` in the task file."""
+
+    name: str = Field(min_length=1)
+    policy: str = Field("shared", description="key into `policies` (the role -> policy map sigma)")
+    alpha: float = Field(1.0, ge=0.0, description="weight of the team reward for this role (paper Eq. 4)")
+    sampling: Sampling = Sampling()
+
+
+class Policy(_Strict):
+    """One trainable model. Several roles may share it (M = 1) or each have its own (M = N)."""
+
+    model: str = Field(description="a named model (`mas-lab models`), an HF folder or a hub id")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class Algorithm(_Strict):
+    """AT-GRPO settings (paper Algorithm 1 and the clipped objective, Eq. 5)."""
+
+    mode: Literal["at_grpo"] = "at_grpo"
+    k: int = Field(4, description="candidates per (turn, agent): the group size K")
+    clip_eps_low: float = Field(0.2, gt=0.0, lt=1.0)
+    clip_eps_high: float = Field(0.2, gt=0.0)
+    dual_clip: Optional[float] = Field(None, description="dual-clip constant c (>1) for negative advantages")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    lr: float = Field(1e-5, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    epochs: int = Field(1, ge=1)
+    micro_batch: int = Field(8, ge=1, description="samples per forward/backward (memory only; the loss is the same)")
+    filter: Literal["none", "zero_std"] = "none"
+    std_eps: float = Field(1e-6, gt=0.0)
+
+    @field_validator("k")
+    @classmethod
+    def _k_at_least_two(cls, k: int) -> int:
+        if k < 2:
+            raise ValueError("must be at least 2: a group of one candidate has no relative advantage")
+        return k
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_above_one(cls, c: Optional[float]) -> Optional[float]:
+        if c is not None and c <= 1.0:
+            raise ValueError("must be greater than 1 (or omitted)")
+        return c
+
+
+class Train(_Strict):
+    """The training budget."""
+
+    steps: int = Field(10, ge=0)
+    problems_per_step: int = Field(4, ge=1, description="E distinct problems per step")
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after)")
+    eval_problems: int = Field(8, ge=0, description="held-out problems per evaluation")
+    seed: int = 0
+
+
+class Resources(_Strict):
+    """Where the actors run. Without `ray_address` a local Ray instance is started."""
+
+    ray_address: Optional[str] = None
+    rollout_cpus: float = Field(1.0, gt=0.0)
+    learner_cpus: float = Field(1.0, gt=0.0)
+    torch_threads: int = Field(0, ge=0, description="threads per actor; 0 means every core of the machine")
+
+
+class Tracking(_Strict):
+    mlflow_uri: str = "sqlite:///mlruns.db"
+    experiment: str = "mas-lab"
+    runs_dir: str = "runs"
+
+
+class Env(_Strict):
+    name: str
+    max_turns: int = Field(2, ge=1, description="T: turns per episode")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskConfig(_Strict):
+    name: str = "task"
+    env: Env
+    roles: list[Role] = Field(min_length=1)
+    policies: dict[str, Policy] = Field(min_length=1)
+    algorithm: Algorithm = Algorithm()
+    train: Train = Train()
+    resources: Resources = Resources()
+    tracking: Tracking = Tracking()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "TaskConfig":
+        names = [r.name for r in self.roles]
+        if len(set(names)) != len(names):
+            raise ValueError(f"roles: names must be unique, got {names}")
+        for i, role in enumerate(self.roles):
+            if role.policy not in self.policies:
+                raise ValueError(
+                    f"roles.{i}.policy: '{role.policy}' is not a policy; allowed: {sorted(self.policies)}"
+                )
+        from mas_lab.envs import ENVS
+
+        if self.env.name not in ENVS:
+            raise ValueError(f"env.name: unknown environment '{self.env.name}'; allowed: {sorted(ENVS)}")
+        expected = ENVS[self.env.name].roles
+        if names != list(expected):
+            raise ValueError(f"roles: environment '{self.env.name}' has roles {list(expected)} in this order, got {names}")
+        from mas_lab.models import check_model_name
+
+        for key, policy in self.policies.items():
+            problem = check_model_name(policy.model)
+            if problem:
+                raise ValueError(f"policies.{key}.model: {problem}")
+        return self
+
+    def policy_of(self, role: str) -> str:
+        """sigma(role): the policy that acts for and learns from this role."""
+        return next(r.policy for r in self.roles if r.name == role)
+
+    def role(self, name: str) -> Role:
+        return next(r for r in self.roles if r.name == name)
+
+
+def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
+    """Apply `key.path=value` overrides; values are parsed as YAML scalars (`3`, `0.5`, `true`)."""
+    for item in overrides:
+        if "=" not in item:
+            raise TaskFileError(f"{source}: --set '{item}': expected key.path=value")
+        path, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node: Any = data
+        keys = path.strip().split(".")
+        for key in keys[:-1]:
+            if isinstance(node, list):
+                node = node[_list_index(key, path, source)]
+                continue
+            node = node.setdefault(key, {})
+            if not isinstance(node, (dict, list)):
+                raise TaskFileError(f"{source}: --set '{path}': '{key}' is a value, not a section")
+        if isinstance(node, list):
+            node[_list_index(keys[-1], path, source)] = value
+        else:
+            node[keys[-1]] = value
+    return data
+
+
+def _list_index(key: str, path: str, source: str) -> int:
+    if not key.isdigit():
+        raise TaskFileError(f"{source}: --set '{path}': '{key}' must be a list index")
+    return int(key)
+
+
+def _describe(error: dict) -> str:
+    field = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"field '{field}': unknown key"
+    if kind == "missing":
+        return f"field '{field}': required but missing"
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["loc"] == () and ":" in msg:
+        return f"field '{msg.split(':', 1)[0]}':{msg.split(':', 1)[1]}"
+    got = error.get("input")
+    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    return f"field '{field}': {msg}{shown}"
+
+
+def _allowed_keys(error: dict) -> str:
+    """For an unknown key, list the keys that section allows."""
+    model: Any = TaskConfig
+    for part in error["loc"][:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        annotation = model.model_fields.get(part).annotation if part in model.model_fields else None
+        args = getattr(annotation, "__args__", ())
+        candidates = [a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = candidates[0] if candidates else None
+        if model is None:
+            return ""
+    return f"; allowed: {sorted(model.model_fields)}" if model is not None else ""
+
+
+def load_task(path: str | Path, overrides: list[str] | None = None) -> TaskConfig:
+    """Read, override and validate a task file, or raise TaskFileError naming file and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskFileError(f"{path}: no such task file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise TaskFileError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise TaskFileError(f"{path}: expected a mapping of sections (env, roles, policies, ...)")
+    data = apply_overrides(data, overrides or [], str(path))
+    try:
+        return TaskConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            line = _describe(error)
+            if error["type"] == "extra_forbidden":
+                line += _allowed_keys(error)
+            lines.append(line)
+        raise TaskFileError(f"{path}: " + "; ".join(lines)) from None
+
+
+def task_to_yaml(task: TaskConfig) -> str:
+    return yaml.safe_dump(task.model_dump(mode="json"), sort_keys=False)
+
+
+def flat_params(task: TaskConfig) -> dict[str, str]:
+    """The task as flat `a.b.c -> value` strings, for MLflow params."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(f"{prefix}.{i}", value)
+        else:
+            out[prefix] = str(node)
+
+    walk("", task.model_dump(mode="json"))
+    return out

@@ -1,0 +1,176 @@
+"""The training loop: Algorithm 1 of the paper, one step after another.
+
+    problems -> tree sampling (episodes.py) -> groups (problem, agent, turn) -> GRPO advantages
+    -> optional filter -> samples routed to sigma(agent) -> each Learner updates -> weight sync
+    -> run store + MLflow, and an evaluation on held-out problems before, every N steps, after.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from mas_lab.algo import build_groups, filter_groups, group_stats, grpo_advantages
+from mas_lab.config import TaskConfig
+from mas_lab.envs import ENVS, ProblemPool
+from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout
+from mas_lab.store import RunStore
+from mas_lab.tracking import Tracker
+
+Progress = Callable[[dict], None]
+
+
+@dataclass
+class StepResult:
+    step: int
+    episodes: list[Episode]
+    metrics: dict[str, float]
+
+
+def compute_advantages(episodes: list[Episode], k: int, eps: float):
+    """Build the groups of a step, check their invariants, and set each candidate's advantage."""
+    groups = build_groups([c for e in episodes for t in e.turns for c in t.candidates], k)
+    for group in groups:
+        for candidate, advantage in zip(group.members, grpo_advantages(group.rewards, eps)):
+            candidate.advantage = advantage
+    return groups
+
+
+def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
+    """Mean reward per role and per (role, turn), final team reward and success rate."""
+    out: dict[str, float] = {}
+    by_role: dict[str, list[float]] = {}
+    by_role_turn: dict[str, list[float]] = {}
+    for episode in episodes:
+        for turn in episode.turns:
+            rewards = [c.reward for c in turn.candidates]
+            by_role.setdefault(turn.role, []).extend(rewards)
+            by_role_turn.setdefault(f"{turn.role}/t{turn.turn}", []).extend(rewards)
+    for key, values in {**by_role, **by_role_turn}.items():
+        out[f"{prefix}reward/{key}"] = statistics.fmean(values)
+    everything = [r for values in by_role.values() for r in values]
+    out[f"{prefix}reward/mean"] = statistics.fmean(everything) if everything else 0.0
+    finals = [e.turns[-1].candidates[e.turns[-1].chosen].team for e in episodes if e.turns]
+    out[f"{prefix}team_reward"] = statistics.fmean(finals) if finals else 0.0
+    out[f"{prefix}success_rate"] = statistics.fmean(float(e.success) for e in episodes) if episodes else 0.0
+    out[f"{prefix}turns"] = statistics.fmean(len({t.turn for t in e.turns}) for e in episodes) if episodes else 0.0
+    return out
+
+
+class Controller:
+    def __init__(self, task: TaskConfig, backend, store: RunStore, tracker: Tracker | None = None):
+        self.task = task
+        self.backend = backend
+        self.store = store
+        self.tracker = tracker
+        self.pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, task.train.eval_problems)
+        self.cursor = 0  # index of the next training problem
+        self.generate: Generate = backend.generate
+
+    def next_problems(self) -> list:
+        """E distinct problems for one step (a repeated problem would merge two groups)."""
+        chosen, seen = [], set()
+        while len(chosen) < self.task.train.problems_per_step:
+            problem = self.pool.train(self.cursor)
+            self.cursor += 1
+            if problem.id not in seen:
+                seen.add(problem.id)
+                chosen.append(problem)
+        return chosen
+
+    def train_step(self, step: int, progress: Progress | None = None) -> StepResult:
+        task, algo = self.task, self.task.algorithm
+        started_wall = time.time()
+        started = time.perf_counter()
+        episodes = [Episode(i, p, self.pool.make(p)) for i, p in enumerate(self.next_problems())]
+        timing = Timing()
+        on_turn = (lambda t, r: progress({"phase": f"rollout t{t} {r}", "step": step})) if progress else None
+        tree_rollout(task, episodes, self.generate, algo.k, call_seed(task.train.seed, "step", step),
+                     timing=timing, on_turn=on_turn)
+
+        groups = compute_advantages(episodes, algo.k, algo.std_eps)
+        kept, report = filter_groups(groups, algo.filter)
+        kept_keys = {g.key for g in kept}
+        samples: dict[str, list[dict]] = {name: [] for name in task.policies}
+        for group in kept:
+            for c in group.members:  # routed only to the policy of the candidate's role
+                samples[c.policy].append({"prompt_ids": c.prompt_ids, "response_ids": c.response_ids, "advantage": c.advantage})
+
+        if progress:
+            progress({"phase": "learner", "step": step})
+        learner_started = time.perf_counter()
+        updates = self.backend.update(samples)
+        learner_s = time.perf_counter() - learner_started
+        if progress:
+            progress({"phase": "weight sync", "step": step})
+        sync_s = self.backend.sync_weights(step)
+
+        stats = []
+        for group in groups:
+            row = group_stats(group)
+            row.update(problem_id=group.key[0], role=group.key[1], turn=group.key[2], kept=group.key in kept_keys)
+            stats.append(row)
+        metrics = reward_metrics(episodes)
+        metrics["groups"] = len(groups)
+        metrics["zero_std_frac"] = statistics.fmean(r["zero_std"] for r in stats) if stats else 0.0
+        metrics["filtered_groups"] = report.dropped_groups
+        metrics["filtered_samples"] = report.dropped_samples
+        for name, update in updates.items():
+            for key in ("loss", "clip_frac", "grad_norm", "samples", "tokens"):
+                metrics[f"{key}/{name}"] = update[key]
+        total = time.perf_counter() - started
+        metrics["time/rollout"] = timing.generate_s
+        metrics["time/reward"] = timing.reward_s
+        metrics["time/learner"] = learner_s
+        metrics["time/weight_sync"] = sync_s
+        metrics["time/other"] = max(0.0, total - timing.generate_s - timing.reward_s - learner_s - sync_s)
+        metrics["time/step"] = total
+        metrics["tokens_generated"] = timing.generated_tokens
+        metrics["tokens_per_s"] = timing.generated_tokens / timing.generate_s if timing.generate_s else 0.0
+
+        self.store.write_step(step, started_wall, episodes, "train", stats, metrics)
+        if self.tracker:
+            self.tracker.log_metrics(step, metrics)
+        return StepResult(step, episodes, metrics)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy multi-agent episodes on the held-out problems (K = 1: one trajectory each)."""
+        problems = self.pool.eval_set
+        if not problems:
+            return {}
+        started_wall, started = time.time(), time.perf_counter()
+        episodes = [Episode(i, p, self.pool.make(p)) for i, p in enumerate(problems)]
+        tree_rollout(self.task, episodes, self.generate, 1, call_seed(self.task.train.seed, "eval"), greedy=True)
+        metrics = reward_metrics(episodes, prefix="eval/")
+        metrics["eval/time"] = time.perf_counter() - started
+        self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
+        if self.tracker:
+            self.tracker.log_metrics(step, metrics)
+        return metrics
+
+    def run(self, progress: Progress | None = None) -> dict[str, float]:
+        """Evaluate, train `train.steps` steps (evaluating every `eval_every`), evaluate again."""
+        train = self.task.train
+        summary: dict[str, float] = {}
+        if progress:
+            progress({"phase": "eval", "step": 0})
+        before = self.evaluate(0)
+        summary["eval_before"] = before.get("eval/success_rate", float("nan"))
+        self.store.event(0, "eval", f"success {summary['eval_before']:.3f}")
+        after = before
+        for step in range(1, train.steps + 1):
+            result = self.train_step(step, progress)
+            if progress:
+                progress({"phase": "done", "step": step, "metrics": result.metrics})
+            if train.eval_every and step % train.eval_every == 0 and step != train.steps:
+                if progress:
+                    progress({"phase": "eval", "step": step})
+                self.evaluate(step)
+        if train.steps:
+            if progress:
+                progress({"phase": "eval", "step": train.steps})
+            after = self.evaluate(train.steps)
+            self.store.event(train.steps, "eval", f"success {after.get('eval/success_rate', float('nan')):.3f}")
+        summary["eval_after"] = after.get("eval/success_rate", float("nan"))
+        return summary

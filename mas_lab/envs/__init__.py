@@ -1,0 +1,8 @@
+"""Environment registry: task-file `env.name` -> Env class."""
+from mas_lab.envs.base import Env, Problem, ProblemPool, StepResult
+from mas_lab.envs.plan_path import PlanPathEnv
+from mas_lab.envs.toy import ToyEnv
+
+ENVS: dict[str, type[Env]] = {"toy": ToyEnv, "plan_path": PlanPathEnv}
+
+__all__ = ["ENVS", "Env", "Problem", "ProblemPool", "StepResult", "PlanPathEnv", "ToyEnv"]

@@ -1,0 +1,143 @@
+"""The environment interface, problem pools with disjoint train/eval splits, and the registry.
+
+An environment is one problem's live state in the Markov game of the paper (Sec. 3): agents act
+in turn order inside a turn, each action is a micro-transition of the state. `clone()` gives an
+independent copy, so each of the K candidates of a (turn, agent) is scored on its own branch
+(Algorithm 1, line "each candidate scored on its own copy").
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass
+class StepResult:
+    """What one action did. `team` is the team reward of the state after the action; `local` is
+    the acting role's own reward, `components` its named parts (stored separately, Sec. 4.2)."""
+
+    team: float
+    local: float
+    components: dict[str, float] = field(default_factory=dict)
+    info: str = ""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One generated problem. `data` is JSON-serialisable; the id is a hash of its content."""
+
+    data: dict[str, Any]
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def id(self) -> str:
+        return self.content_hash[:12]
+
+
+class Env(ABC):
+    """One problem's live state. Subclasses set `roles` (turn order) and implement the game."""
+
+    roles: ClassVar[tuple[str, ...]]
+    system_prompts: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, problem: Problem, params: dict[str, Any]):
+        self.problem = problem
+        self.params = params
+        self.history: list[tuple[int, str, str]] = []  # (turn, role, chosen action)
+
+    @classmethod
+    @abstractmethod
+    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
+        """Draw one problem from the seeded generator."""
+
+    @abstractmethod
+    def observe(self, role: str, turn: int) -> str:
+        """The user message role sees at this turn: the task plus the shared history so far."""
+
+    @abstractmethod
+    def act(self, role: str, turn: int, action: str) -> StepResult:
+        """Apply one action to this state (mutates it) and score it."""
+
+    @property
+    @abstractmethod
+    def success(self) -> bool:
+        """Whether the team solved the problem."""
+
+    @property
+    def done(self) -> bool:
+        return self.success
+
+    def render(self) -> str:
+        """A text picture of the state, for replay."""
+        return ""
+
+    def step(self, role: str, turn: int, action: str) -> StepResult:
+        result = self.act(role, turn, action)
+        self.history.append((turn, role, action))
+        return result
+
+    def messages(self, role: str, turn: int) -> list[dict[str, str]]:
+        """Chat messages for the role's policy: its system prompt and the observation."""
+        out = []
+        if role in self.system_prompts:
+            out.append({"role": "system", "content": self.system_prompts[role]})
+        out.append({"role": "user", "content": self.observe(role, turn)})
+        return out
+
+    def clone(self) -> "Env":
+        """An independent copy of the live state; the problem itself is shared (immutable)."""
+        new = copy.copy(self)
+        for key, value in self.__dict__.items():
+            if key not in ("problem", "params"):
+                setattr(new, key, copy.deepcopy(value))
+        return new
+
+
+class ProblemPool:
+    """Seeded train and evaluation problems, disjoint by content hash (not by seed arithmetic).
+
+    The evaluation set is drawn first from its own stream; the training stream skips any problem
+    whose content hash is in it. `train(i)` is deterministic in (seed, i), so a cursor resumes.
+    """
+
+    def __init__(self, env_cls: type[Env], params: dict[str, Any], seed: int, eval_size: int):
+        self.env_cls = env_cls
+        self.params = params
+        self.seed = seed
+        rng = random.Random(f"eval-{seed}")
+        self.eval_set: list[Problem] = []
+        seen: set[str] = set()
+        attempts = 0
+        while len(self.eval_set) < eval_size:
+            problem = env_cls.generate(rng, params)
+            attempts += 1
+            if problem.content_hash not in seen:
+                seen.add(problem.content_hash)
+                self.eval_set.append(problem)
+            elif attempts > 100 * (eval_size + 1):
+                raise ValueError(f"env '{env_cls.__name__}' cannot make {eval_size} distinct evaluation problems")
+        self.eval_hashes = seen
+        self._train_rng = random.Random(f"train-{seed}")
+        self._train: list[Problem] = []
+
+    def train(self, index: int) -> Problem:
+        while len(self._train) <= index:
+            for _ in range(10_000):
+                problem = self.env_cls.generate(self._train_rng, self.params)
+                if problem.content_hash not in self.eval_hashes:
+                    break
+            else:
+                raise ValueError("the generator yields only evaluation problems; widen its parameters")
+            self._train.append(problem)
+        return self._train[index]
+
+    def make(self, problem: Problem) -> Env:
+        return self.env_cls(problem, self.params)

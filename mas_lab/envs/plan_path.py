@@ -1,0 +1,196 @@
+"""Plan-Path: move from S to G on a grid with walls (paper Sec. 5, games / planning).
+
+Roles, in turn order (PAPER.md): the tool agent writes a short Python program that prints a
+list of moves; it is run in the sandbox and its output parsed. The planner sees the task, the
+tool's code and output, and answers with the moves that are executed on the live state.
+
+Problems come from a seeded generator and are solvable by construction: the goal is chosen among
+cells that breadth-first search reaches from the start, and the shortest-path length is stored.
+
+Rewards (stored as separate components, alpha per role in the task file):
+- team (state): 1 if the goal is reached, else 0.5 * progress, progress = (d0 - d) / d0.
+- tool agent local: 0.1 ran + 0.1 printed parseable moves + 0.8 * value of following them.
+- planner local: 0.2 format (parseable, all moves legal) + 0.8 * value of the state after them.
+"""
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from typing import Any
+
+from mas_lab.envs.base import Env, Problem, StepResult
+from mas_lab.sandbox import Limits, run_python
+
+MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+_WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
+_MOVE_TOKEN = re.compile(r"\b(UP|DOWN|LEFT|RIGHT|U|D|L|R)\b", re.IGNORECASE)
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def distances(grid: list[str], goal: tuple[int, int]) -> list[list[int]]:
+    """BFS distance from every cell to the goal (-1 where unreachable)."""
+    rows, cols = len(grid), len(grid[0])
+    dist = [[-1] * cols for _ in range(rows)]
+    dist[goal[0]][goal[1]] = 0
+    queue = deque([goal])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < rows and 0 <= nc < cols and grid[nr][nc] != "#" and dist[nr][nc] < 0:
+                dist[nr][nc] = dist[r][c] + 1
+                queue.append((nr, nc))
+    return dist
+
+
+def shortest_path(grid: list[str], start: tuple[int, int], goal: tuple[int, int]) -> list[str]:
+    """One shortest move list from start to goal (the solver used by tests)."""
+    dist = distances(grid, goal)
+    path, (r, c) = [], start
+    while (r, c) != goal:
+        for name, (dr, dc) in MOVES.items():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < len(grid) and 0 <= nc < len(grid[0]) and dist[nr][nc] == dist[r][c] - 1 and dist[nr][nc] >= 0:
+                path.append(name)
+                r, c = nr, nc
+                break
+    return path
+
+
+def parse_moves(text: str) -> list[str]:
+    """Moves from free text: U/D/L/R or up/down/left/right, after the last 'moves:' if present."""
+    lowered = text.lower()
+    if "moves:" in lowered:
+        text = text[lowered.rindex("moves:") + len("moves:"):]
+    return [_WORDS.get(m.upper(), m.upper()) for m in _MOVE_TOKEN.findall(text)]
+
+
+def extract_code(text: str) -> str:
+    blocks = _CODE_BLOCK.findall(text)
+    return blocks[-1] if blocks else text
+
+
+class PlanPathEnv(Env):
+    roles = ("tool", "planner")
+    system_prompts = {
+        "tool": "You are the tool agent. Write a short Python program that prints the list of moves "
+        "from S to G, for example print(['R', 'D']). Reply with one ```python code block.",
+        "planner": "You are the planner. Give the moves from the current position to G. "
+        "End with one line 'Moves: R D ...' using U, D, L, R.",
+    }
+
+    def __init__(self, problem: Problem, params: dict[str, Any]):
+        super().__init__(problem, params)
+        self.pos: tuple[int, int] = tuple(problem.data["start"])
+        self.tool_code = ""
+        self.tool_output = ""
+        self._dist = distances(problem.data["grid"], tuple(problem.data["goal"]))
+
+    @classmethod
+    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
+        size = int(params.get("size", 5))
+        wall_prob = float(params.get("wall_prob", 0.2))
+        min_dist = int(params.get("min_distance", 2))
+        for _ in range(1000):
+            cells = [["#" if rng.random() < wall_prob else "." for _ in range(size)] for _ in range(size)]
+            start = (rng.randrange(size), rng.randrange(size))
+            cells[start[0]][start[1]] = "."
+            grid = ["".join(row) for row in cells]
+            dist = distances(grid, start)  # symmetric: distance from start
+            reachable = [(r, c) for r in range(size) for c in range(size) if dist[r][c] >= min_dist]
+            if reachable:
+                goal = rng.choice(reachable)
+                return Problem({"grid": grid, "start": list(start), "goal": list(goal), "shortest": dist[goal[0]][goal[1]]})
+        raise ValueError(f"plan_path: no solvable grid with size={size}, wall_prob={wall_prob}")
+
+    # --- state -----------------------------------------------------------------------------
+    @property
+    def goal(self) -> tuple[int, int]:
+        return tuple(self.problem.data["goal"])
+
+    @property
+    def success(self) -> bool:
+        return self.pos == self.goal
+
+    def value(self, pos: tuple[int, int]) -> float:
+        """Team reward of a position: 1 at the goal, else half the fraction of distance covered."""
+        if pos == self.goal:
+            return 1.0
+        d0 = self.problem.data["shortest"]
+        return 0.5 * max(0.0, (d0 - self._dist[pos[0]][pos[1]]) / d0)
+
+    def follow(self, pos: tuple[int, int], moves: list[str]) -> tuple[tuple[int, int], bool]:
+        """Apply moves from pos until one is illegal or the goal is reached; (end, all legal)."""
+        grid = self.problem.data["grid"]
+        limit = 4 * len(grid) * len(grid[0])
+        for move in moves[:limit]:
+            if pos == self.goal:
+                break
+            dr, dc = MOVES[move]
+            r, c = pos[0] + dr, pos[1] + dc
+            if not (0 <= r < len(grid) and 0 <= c < len(grid[0])) or grid[r][c] == "#":
+                return pos, False
+            pos = (r, c)
+        return pos, len(moves) <= limit
+
+    # --- the game ----------------------------------------------------------------------------
+    def _task_text(self) -> str:
+        grid = [list(row) for row in self.problem.data["grid"]]
+        gr, gc = self.goal
+        grid[gr][gc] = "G"
+        grid[self.pos[0]][self.pos[1]] = "S"
+        rows = "\n".join("".join(row) for row in grid)
+        return (
+            f"Grid ({len(grid)}x{len(grid[0])}, '#' wall, '.' free, row 0 at the top):\n{rows}\n"
+            f"S (you) is at row {self.pos[0]}, col {self.pos[1]}; G is at row {gr}, col {gc}.\n"
+            "Moves: U (row-1), D (row+1), L (col-1), R (col+1)."
+        )
+
+    def observe(self, role: str, turn: int) -> str:
+        text = self._task_text()
+        if role == "tool":
+            return text + "\nWrite the Python program that prints the moves from S to G."
+        return (
+            text
+            + f"\nThe tool agent's code:\n```python\n{self.tool_code.strip()}\n```\n"
+            + f"Its output:\n{self.tool_output.strip() or '(nothing)'}\n"
+            + "Answer with 'Moves: ...'."
+        )
+
+    def act(self, role: str, turn: int, action: str) -> StepResult:
+        if role == "tool":
+            return self._act_tool(action)
+        moves = parse_moves(action)
+        self.pos, legal = self.follow(self.pos, moves)
+        fmt = 1.0 if moves and legal else 0.0
+        value = self.value(self.pos)
+        return StepResult(
+            team=value,
+            local=0.2 * fmt + 0.8 * value,
+            components={"format": fmt, "value": value},
+            info=f"moves={''.join(moves)} legal={legal} pos={self.pos}",
+        )
+
+    def _act_tool(self, action: str) -> StepResult:
+        self.tool_code = extract_code(action)
+        wall = float(self.params.get("tool_timeout_s", 3.0))
+        result = run_python(self.tool_code, Limits(wall_s=wall, cpu_s=max(1, int(wall)), output_chars=2000))
+        self.tool_output = result.stdout if result.ok else f"[{result.status}] {result.stderr[-300:]}"
+        ran = 1.0 if result.ok else 0.0
+        moves = parse_moves(result.stdout) if result.ok else []
+        parsed = 1.0 if moves else 0.0
+        end, _ = self.follow(self.pos, moves)
+        value = self.value(end) if moves else 0.0
+        return StepResult(
+            team=self.value(self.pos),
+            local=0.1 * ran + 0.1 * parsed + 0.8 * value,
+            components={"ran": ran, "parsed": parsed, "value": value},
+            info=f"status={result.status} moves={''.join(moves)}",
+        )
+
+    def render(self) -> str:
+        grid = [list(row) for row in self.problem.data["grid"]]
+        grid[self.goal[0]][self.goal[1]] = "G"
+        grid[self.pos[0]][self.pos[1]] = "A"
+        return "\n".join("".join(row) for row in grid)

@@ -1,0 +1,122 @@
+"""Tree sampling over a batch of environments: the inner loops of Algorithm 1 (paper Sec. 4.1).
+
+For each turn t and each agent i in turn order, every live environment's observation goes to the
+policy sigma(i) in one batched call that returns K candidates per observation. Each candidate is
+applied to its own clone of the state and scored there (r = alpha_i * team + local_i, Eq. 4); the
+best candidate (ties: lowest index) is chosen and its branch becomes the live state, so the next
+agent observes the chosen actions of everyone before it. Advantages are not computed here: the
+controller does it per group (algo/).
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from mas_lab.algo.groups import Candidate
+from mas_lab.config import Sampling, TaskConfig
+from mas_lab.envs.base import Env, Problem
+from mas_lab.rollout.engine import Generation
+
+
+class Generate(Protocol):
+    def __call__(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
+                 seed: int) -> list[list[Generation]]: ...
+
+
+@dataclass
+class Turn:
+    """One (turn, agent) of one episode: the observation, its K candidates, the chosen one."""
+
+    turn: int
+    role: str
+    policy: str
+    observation: str
+    candidates: list[Candidate]
+    chosen: int
+    state_after: str
+
+
+@dataclass
+class Episode:
+    index: int
+    problem: Problem
+    env: Env
+    turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def success(self) -> bool:
+        return self.env.success
+
+
+@dataclass
+class Timing:
+    generate_s: float = 0.0
+    reward_s: float = 0.0
+    generated_tokens: int = 0
+
+
+_STEP_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="env-step")
+
+
+def call_seed(seed: int, *parts: object) -> int:
+    """A deterministic per-call sampling seed from the step seed and the call's coordinates."""
+    return zlib.crc32(repr((seed, parts)).encode()) & 0x7FFFFFFF
+
+
+def tree_rollout(
+    task: TaskConfig,
+    episodes: list[Episode],
+    generate: Generate,
+    k: int,
+    seed: int,
+    greedy: bool = False,
+    timing: Timing | None = None,
+    on_turn: Callable[[int, str], None] | None = None,
+) -> list[Episode]:
+    """Run Algorithm 1's sampling for up to T turns; mutates and returns `episodes`."""
+    timing = timing or Timing()
+    for turn in range(task.env.max_turns):
+        for agent_index, role in enumerate(r.name for r in task.roles):
+            live = [e for e in episodes if not e.env.done]
+            if not live:
+                return episodes
+            if on_turn:
+                on_turn(turn, role)
+            spec = task.role(role)
+            sampling = spec.sampling.model_copy(update={"temperature": 0.0}) if greedy else spec.sampling
+            prompts = [e.env.messages(role, turn) for e in live]
+            started = time.perf_counter()
+            generations = generate(spec.policy, prompts, k, sampling, call_seed(seed, turn, agent_index))
+            timing.generate_s += time.perf_counter() - started
+            timing.generated_tokens += sum(len(g.response_ids) for row in generations for g in row)
+
+            started = time.perf_counter()
+            jobs = [(e, c, g) for e, row in zip(live, generations) for c, g in enumerate(row)]
+            branches = [e.env.clone() for e, _, _ in jobs]
+            def score(branch: Env, generation: Generation):
+                return branch.step(role, turn, generation.text)
+
+            results = list(_STEP_POOL.map(score, branches, [g for _, _, g in jobs]))
+            timing.reward_s += time.perf_counter() - started
+
+            for position, episode in enumerate(live):
+                observation = prompts[position][-1]["content"]
+                candidates = []
+                for c in range(k):
+                    j = position * k + c
+                    _, _, gen = jobs[j]
+                    result = results[j]
+                    candidates.append(Candidate(
+                        problem_id=episode.problem.id, role=role, turn=turn, index=c, policy=spec.policy,
+                        prompt_ids=gen.prompt_ids, response_ids=gen.response_ids, response=gen.text,
+                        reward=spec.alpha * result.team + result.local, team=result.team, local=result.local,
+                        components=dict(result.components), info=result.info, state_after=branches[j].render(),
+                    ))
+                chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
+                candidates[chosen].chosen = True
+                episode.env = branches[position * k + chosen]
+                episode.turns.append(Turn(turn, role, spec.policy, observation, candidates, chosen, episode.env.render()))
+    return episodes

@@ -1,0 +1,132 @@
+"""The run store: one SQLite file per run (runs/<run-id>/run.db), the single source for replay
+and the dashboard. Every episode, turn, candidate (prompt, response, token counts, reward
+components, advantage, chosen flag), group statistic and per-step metric is written in one
+transaction per step, so a step is either all there or absent.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, started REAL, finished REAL);
+CREATE TABLE IF NOT EXISTS metrics (step INTEGER, key TEXT, value REAL, PRIMARY KEY (step, key));
+CREATE TABLE IF NOT EXISTS episodes (
+    id INTEGER PRIMARY KEY, step INTEGER, kind TEXT, idx INTEGER, problem_id TEXT, problem TEXT,
+    success INTEGER, final_state TEXT, turns INTEGER);
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY, episode_id INTEGER, turn INTEGER, role TEXT, policy TEXT,
+    observation TEXT, chosen INTEGER, state_after TEXT);
+CREATE TABLE IF NOT EXISTS candidates (
+    id INTEGER PRIMARY KEY, turn_id INTEGER, idx INTEGER, prompt_hash TEXT, response TEXT,
+    prompt_tokens INTEGER, response_tokens INTEGER, reward REAL, team REAL, local REAL,
+    components TEXT, advantage REAL, chosen INTEGER, info TEXT, state_after TEXT);
+CREATE TABLE IF NOT EXISTS groups (
+    step INTEGER, problem_id TEXT, role TEXT, turn INTEGER, n INTEGER, reward_mean REAL,
+    reward_std REAL, reward_min REAL, reward_max REAL, adv_min REAL, adv_max REAL,
+    zero_std INTEGER, kept INTEGER);
+CREATE TABLE IF NOT EXISTS events (ts REAL, step INTEGER, kind TEXT, message TEXT);
+CREATE INDEX IF NOT EXISTS episodes_step ON episodes (step, kind);
+CREATE INDEX IF NOT EXISTS turns_episode ON turns (episode_id);
+CREATE INDEX IF NOT EXISTS candidates_turn ON candidates (turn_id);
+CREATE INDEX IF NOT EXISTS groups_step ON groups (step);
+"""
+
+
+class RunStore:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(SCHEMA)
+        self.db.commit()
+
+    # --- writing -------------------------------------------------------------------------------
+    def set_meta(self, **values: Any) -> None:
+        with self.db:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in values.items()]
+            )
+
+    def event(self, step: int, kind: str, message: str) -> None:
+        with self.db:
+            self.db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), step, kind, message))
+
+    def write_step(self, step: int, started: float, episodes: Iterable, kind: str,
+                   groups: list[dict] | None = None, metrics: dict[str, float] | None = None) -> None:
+        """Write one step's episodes (train or eval), group stats and metrics in one transaction."""
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (step, started, time.time()))
+            for episode in episodes:
+                self._write_episode(step, kind, episode)
+            for g in groups or []:
+                self.db.execute(
+                    "INSERT INTO groups VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (step, g["problem_id"], g["role"], g["turn"], g["n"], g["reward_mean"], g["reward_std"],
+                     g["reward_min"], g["reward_max"], g["adv_min"], g["adv_max"], int(g["zero_std"]), int(g["kept"])),
+                )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", [(step, k, float(v)) for k, v in (metrics or {}).items()]
+            )
+
+    def _write_episode(self, step: int, kind: str, episode) -> None:
+        cur = self.db.execute(
+            "INSERT INTO episodes (step, kind, idx, problem_id, problem, success, final_state, turns) VALUES (?,?,?,?,?,?,?,?)",
+            (step, kind, episode.index, episode.problem.id, json.dumps(episode.problem.data), int(episode.success),
+             episode.env.render(), len({t.turn for t in episode.turns})),
+        )
+        episode_id = cur.lastrowid
+        for turn in episode.turns:
+            cur = self.db.execute(
+                "INSERT INTO turns (episode_id, turn, role, policy, observation, chosen, state_after) VALUES (?,?,?,?,?,?,?)",
+                (episode_id, turn.turn, turn.role, turn.policy, turn.observation, turn.chosen, turn.state_after),
+            )
+            turn_id = cur.lastrowid
+            self.db.executemany(
+                "INSERT INTO candidates (turn_id, idx, prompt_hash, response, prompt_tokens, response_tokens, reward, team,"
+                " local, components, advantage, chosen, info, state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (turn_id, c.index, c.prompt_hash, c.response, len(c.prompt_ids), len(c.response_ids), c.reward,
+                     c.team, c.local, json.dumps(c.components), c.advantage, int(c.chosen), c.info, c.state_after)
+                    for c in turn.candidates
+                ],
+            )
+
+    # --- reading -------------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM meta")}
+
+    def metrics(self, step: int | None = None) -> dict[int, dict[str, float]]:
+        query, args = "SELECT step, key, value FROM metrics", ()
+        if step is not None:
+            query, args = query + " WHERE step = ?", (step,)
+        out: dict[int, dict[str, float]] = {}
+        for s, key, value in self.db.execute(query + " ORDER BY step", args):
+            out.setdefault(s, {})[key] = value
+        return out
+
+    def rows(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        cur = self.db.execute(query, args)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    def episode(self, step: int, index: int, kind: str = "train") -> dict[str, Any] | None:
+        """One episode with its turns and their candidates, for replay."""
+        found = self.rows("SELECT * FROM episodes WHERE step = ? AND idx = ? AND kind = ?", step, index, kind)
+        if not found:
+            return None
+        episode = found[0]
+        episode["turns"] = self.rows("SELECT * FROM turns WHERE episode_id = ? ORDER BY id", episode["id"])
+        for turn in episode["turns"]:
+            turn["candidates"] = self.rows("SELECT * FROM candidates WHERE turn_id = ? ORDER BY idx", turn["id"])
+            for c in turn["candidates"]:
+                c["components"] = json.loads(c["components"])
+        return episode
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,57 @@
+"""MLflow tracking through MlflowClient with an explicit run id (safe from any thread).
+
+The task file is logged as params (flattened) and as an artifact; per-step metrics in one batch
+per step. The default store is a local SQLite file (`sqlite:///mlruns.db`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+
+class Tracker:
+    def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None):
+        os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+        from mlflow.tracking import MlflowClient
+
+        for name in ("alembic", "mlflow"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        if run_id is None:
+            run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+        self.run_id = run_id
+
+    def log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_artifact(self, path: str | Path) -> None:
+        self.client.log_artifact(self.run_id, str(path))
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(_key(k), float(v), now, step) for k, v in metrics.items()]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 500])
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _key(name: str) -> str:
+    """MLflow keys allow letters, digits, _ - . / and spaces."""
+    return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in name)
