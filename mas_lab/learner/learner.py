@@ -26,7 +26,9 @@ class Learner:
         set_threads(threads)
         torch.manual_seed(seed)
         self.algo = algorithm
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        # master weights stay float32; dtype bfloat16 means bf16 autocast for the forward/backward
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.autocast = dtype == "bfloat16"
         self.model.config.use_cache = False
         self.model.train()
         self.optimizer = torch.optim.AdamW(
@@ -51,9 +53,16 @@ class Learner:
         advantages = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
         return ids, attention, loss_mask, advantages
 
-    def _logp(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-        return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    def _logp(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of the response tokens ([B, L-1], zero elsewhere). The output layer
+        runs only at response positions: prompt positions carry no loss, and with a large vocabulary
+        the output layer is a good part of the cost."""
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
+            where = mask.bool()
+            logits = self.model.get_output_embeddings()(hidden[where]).float()
+        picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
+        return torch.zeros(mask.shape, dtype=picked.dtype).masked_scatter(where, picked)
 
     def update(self, samples: list[dict]) -> dict[str, float]:
         """One policy update on this step's samples; returns loss, clip fraction, grad norm."""
@@ -68,13 +77,13 @@ class Learner:
         old = None
         if algo["epochs"] > 1:
             with torch.no_grad():
-                old = [self._logp(ids, att) for ids, att, _, _ in micro]
+                old = [self._logp(ids, att, mask) for ids, att, mask, _ in micro]
         total_loss, clipped, grad_norm = 0.0, 0.0, 0.0
         for _ in range(algo["epochs"]):
             self.optimizer.zero_grad(set_to_none=True)
             epoch_loss = 0.0
             for i, (ids, attention, mask, advantages) in enumerate(micro):
-                logp = self._logp(ids, attention)
+                logp = self._logp(ids, attention, mask)
                 logp_old = old[i] if old is not None else logp.detach()
                 loss, stats = clipped_policy_loss(
                     logp, logp_old, advantages, mask, algo["clip_eps_low"], algo["clip_eps_high"],

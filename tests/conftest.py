@@ -1,0 +1,20 @@
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# One model cache per test session, so tests never depend on ~/.cache state.
+os.environ.setdefault("MAS_LAB_CACHE", tempfile.mkdtemp(prefix="mas-lab-cache-"))
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def toy_task():
+    from mas_lab.config import load_task
+
+    return load_task(ROOT / "tasks" / "toy.yaml")

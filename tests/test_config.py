@@ -1,0 +1,84 @@
+"""Task files: valid ones load, wrong ones fail before any work with file, field and what is allowed."""
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from mas_lab.cli import app
+from mas_lab.config import TaskFileError, flat_params, load_task
+
+from conftest import ROOT
+
+
+def write(tmp_path: Path, mutate) -> Path:
+    data = yaml.safe_load((ROOT / "tasks" / "toy.yaml").read_text())
+    mutate(data)
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("name", ["toy.yaml", "plan_path.yaml"])
+def test_shipped_task_files_load(name):
+    task = load_task(ROOT / "tasks" / name)
+    assert task.algorithm.k >= 2
+    assert [r.name for r in task.roles]
+
+
+def test_set_overrides_nested_and_list_fields():
+    task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=3", "roles.1.alpha=0.5", "train.seed=7", "env.params.letters=ab"])
+    assert (task.algorithm.k, task.roles[1].alpha, task.train.seed) == (3, 0.5, 7)
+    assert task.env.params["letters"] == "ab"
+
+
+CASES = [
+    ("unknown key", lambda d: d["algorithm"].update(kk=4), "field 'algorithm.kk': unknown key; allowed: ['clip_eps_high'"),
+    ("wrong type", lambda d: d["train"].update(steps="many"), "field 'train.steps': Input should be a valid integer"),
+    ("unknown env", lambda d: d["env"].update(name="chess"), "field 'env.name': unknown environment 'chess'; allowed: ['plan_path', 'toy']"),
+    ("unknown model", lambda d: d["policies"]["shared"].update(model="gpt-17"), "field 'policies.shared.model': unknown model 'gpt-17'; allowed: ['smollm2-135m-instruct', 'tiny-test']"),
+    ("k below two", lambda d: d["algorithm"].update(k=1), "field 'algorithm.k': must be at least 2"),
+    ("role policy missing", lambda d: d["roles"][0].update(policy="nope"), "field 'roles.0.policy': 'nope' is not a policy; allowed: ['shared']"),
+    ("roles do not match env", lambda d: d["roles"].reverse(), "field 'roles': environment 'toy' has roles ['first', 'second']"),
+    ("bad filter", lambda d: d["algorithm"].update(filter="lowest_half"), "field 'algorithm.filter': Input should be 'none' or 'zero_std'"),
+    ("top level unknown", lambda d: d.update(trainer={}), "field 'trainer': unknown key; allowed: ['algorithm', 'env'"),
+]
+
+
+@pytest.mark.parametrize("case,mutate,message", CASES, ids=[c[0] for c in CASES])
+def test_wrong_task_files_name_file_field_and_allowed(tmp_path, case, mutate, message):
+    path = write(tmp_path, mutate)
+    with pytest.raises(TaskFileError) as info:
+        load_task(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: [unclosed")
+    with pytest.raises(TaskFileError, match="bad.yaml: not valid YAML"):
+        load_task(bad)
+    with pytest.raises(TaskFileError, match="no such task file"):
+        load_task(tmp_path / "absent.yaml")
+
+
+def test_bad_override_is_reported():
+    with pytest.raises(TaskFileError, match="--set 'algorithm.k': expected key.path=value"):
+        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k"])
+
+
+def test_cli_exits_2_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, lambda d: d["algorithm"].update(k=1))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2
+    assert "algorithm.k" in result.output and "at least 2" in result.output
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlruns.db").exists()
+
+
+def test_flat_params_cover_every_field(toy_task):
+    params = flat_params(toy_task)
+    assert params["algorithm.k"] == "8"
+    assert params["roles.0.name"] == "first"
+    assert params["policies.shared.model"] == "tiny-test"
