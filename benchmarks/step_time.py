@@ -1,0 +1,57 @@
+"""Step-time benchmark: run N training steps of a task and print the split as JSON.
+
+    .venv/bin/python benchmarks/step_time.py tasks/toy.yaml --steps 5 [--no-ray] [--set k=v ...]
+
+Prints per-step and mean seconds for rollout (generation), reward (env steps, sandbox), learner,
+weight sync and other, plus generated tokens per second. Step 1 is reported but left out of the
+means (it includes one-off warm-up).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from mas_lab.backend import Backend
+from mas_lab.config import load_task
+from mas_lab.controller import Controller
+from mas_lab.store import RunStore
+
+KEYS = ("time/rollout", "time/reward", "time/learner", "time/weight_sync", "time/other", "time/step",
+        "tokens_generated", "tokens_per_s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("task")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--set", action="append", default=[])
+    args = parser.parse_args()
+    task = load_task(args.task, args.set)
+    started = time.perf_counter()
+    backend = Backend(task, use_ray=not args.no_ray)
+    startup = time.perf_counter() - started
+    store = RunStore(Path(tempfile.mkdtemp(prefix="mas-lab-bench-")) / "run.db")
+    controller = Controller(task, backend, store)
+    steps = []
+    for step in range(1, args.steps + 1):
+        metrics = controller.train_step(step).metrics
+        steps.append({k: round(metrics[k], 4) for k in KEYS})
+    backend.shutdown()
+    measured = steps[1:] or steps
+    print(json.dumps({
+        "task": args.task,
+        "overrides": args.set,
+        "ray": not args.no_ray,
+        "startup_s": round(startup, 2),
+        "steps": steps,
+        "mean_excluding_first": {k: round(statistics.fmean(s[k] for s in measured), 4) for k in KEYS},
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
