@@ -89,6 +89,22 @@ class Backend:
         self._wait(handles)
         return time.perf_counter() - started
 
+    def save_policies(self, folder) -> None:
+        """Every learner writes its policy under folder/<policy name> (a shared file system in a cluster)."""
+        self._wait([self._call(learner, "save", str(folder / name)) for name, learner in self.learners.items()])
+
+    def load_policies(self, folder, version: int) -> None:
+        """Load every policy from a checkpoint, then push the weights to the rollout workers."""
+        self._wait([self._call(learner, "load", str(folder / name)) for name, learner in self.learners.items()])
+        self.sync_weights(version)
+
+    def alive(self) -> bool:
+        """Whether every actor answers (checked while a run is paused)."""
+        try:
+            return all(self._wait([self._call(a, "ready") for a in [*self.workers.values(), *self.learners.values()]]))
+        except Exception:
+            return False
+
     def shutdown(self) -> None:
         if self.use_ray:
             import ray

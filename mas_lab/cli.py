@@ -33,21 +33,57 @@ def _new_run_dir(task: TaskConfig) -> Path:
 
 @app.command()
 def run(
-    task_file: Path = typer.Argument(..., help="task file (tasks/*.yaml)"),
+    task_file: Optional[Path] = typer.Argument(None, help="task file (tasks/*.yaml); with --resume, optional"),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="override a field: key.path=value (repeatable)"),
     address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster instead of starting one"),
     no_ray: bool = typer.Option(False, "--no-ray", help="run the actors in-process (debugging)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue this run folder from its last checkpoint"),
 ) -> None:
     """Train a task headless, with a progress bar and a summary at the end."""
     overrides = list(set_ or [])
     if address:
         overrides.append(f"resources.ray_address={address}")
-    try:
-        task = load_task(task_file, overrides)
-    except TaskFileError as exc:
-        _fail(str(exc))
+    if resume is not None:
+        task, run_dir, store, tracker, last = _prepare_resume(resume, task_file, overrides)
+    else:
+        if task_file is None:
+            _fail("give a task file, or --resume RUN_DIR")
+        try:
+            task = load_task(task_file, overrides)
+        except TaskFileError as exc:
+            _fail(str(exc))
+        run_dir, store, tracker = _new_run(task, task_file)
+        last = None
     from mas_lab.backend import Backend
     from mas_lab.controller import Controller
+
+    console.print(f"run [bold]{run_dir.name}[/]  store {run_dir / 'run.db'}  mlflow run {tracker.run_id}",
+                  highlight=False, soft_wrap=True)
+    status, backend, summary = "FAILED", None, {}
+    store.set_meta(status="running")
+    try:
+        with console.status("starting actors and loading models ..."):
+            backend = Backend(task, use_ray=not no_ray)
+            controller = Controller(task, backend, store, tracker, run_dir)
+            if last is not None:
+                state = controller.restore(last)
+                store.event(state["step"], "resume", f"resumed from {last.name}")
+                console.print(f"resumed from {last.name} (step {state['step']})", highlight=False)
+        _install_signal_handlers(controller)
+        summary = _train_with_progress(task, controller)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        store.set_meta(status={"FINISHED": "stopped" if summary.get("stopped") else "finished"}.get(status, status.lower()))
+        tracker.finish(status)
+        if backend is not None:
+            backend.shutdown()
+    _print_summary(task, run_dir, store, tracker, summary)
+
+
+def _new_run(task: TaskConfig, task_file: Path):
     from mas_lab.store import RunStore
     from mas_lab.tracking import Tracker
 
@@ -58,42 +94,91 @@ def run(
     tracker.log_params(flat_params(task))
     tracker.log_artifact(run_dir / "task.yaml")
     store.set_meta(run_id=run_dir.name, task=task.model_dump(mode="json"), task_file=str(task_file),
-                   mlflow_uri=task.tracking.mlflow_uri, mlflow_run_id=tracker.run_id, status="running")
-    console.print(f"run [bold]{run_dir.name}[/]  store {run_dir / 'run.db'}  mlflow run {tracker.run_id}",
-                  highlight=False, soft_wrap=True)
-    status = "FAILED"
-    backend = None
+                   mlflow_uri=task.tracking.mlflow_uri, mlflow_run_id=tracker.run_id, status="starting")
+    return run_dir, store, tracker
+
+
+# What a resumed task may not change: the checkpoint's weights and groups depend on these.
+_FIXED = ("env.name", "roles", "policies")
+
+
+def _prepare_resume(run_dir: Path, task_file: Optional[Path], overrides: list[str]):
+    """Check everything before touching anything: a run folder, not running, a sound checkpoint,
+    a task that matches it. Then roll the store back to the checkpoint."""
+    from mas_lab import checkpoint
+    from mas_lab.control import RunControl
+    from mas_lab.store import RunStore
+    from mas_lab.tracking import Tracker
+
+    if not (run_dir / "run.db").is_file() or not (run_dir / "task.yaml").is_file():
+        _fail(f"{run_dir}: not a run folder (needs run.db and task.yaml)")
+    store = RunStore(run_dir / "run.db")
+    state = RunControl(store).status()
+    if state["running"]:
+        _fail(f"{run_dir}: the run is still running (pid {state.get('pid')}); stop it first: mas-lab stop {run_dir}")
+    found = checkpoint.complete(run_dir)
+    if not found:
+        _fail(f"{run_dir}: no complete checkpoint to resume from")
+    last = found[-1]
     try:
-        with console.status("starting actors and loading models ..."):
-            backend = Backend(task, use_ray=not no_ray)
-        controller = Controller(task, backend, store, tracker)
-        columns = (TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
-                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-        with Progress(*columns, console=console, transient=False) as bar:
-            handle = bar.add_task("eval", total=task.train.steps)
+        saved = checkpoint.verify(last)
+    except checkpoint.CheckpointError as exc:
+        _fail(f"{exc}; remove that folder to resume from an earlier checkpoint")
+    source = task_file or run_dir / "task.yaml"
+    try:
+        task = load_task(source, overrides)
+    except TaskFileError as exc:
+        _fail(str(exc))
+    before = TaskConfig.model_validate(saved["task"]).model_dump(mode="json")
+    now = task.model_dump(mode="json")
+    for key in _FIXED:
+        a, b = _get(before, key), _get(now, key)
+        if a != b:
+            _fail(f"{source}: does not match the checkpoint {last}: field '{key}' was {json.dumps(a)}, now {json.dumps(b)}")
+    store.rollback(saved["step"])
+    (run_dir / "task.yaml").write_text(task_to_yaml(task))
+    tracker = Tracker(task.tracking.mlflow_uri, task.tracking.experiment, run_dir.name, run_id=saved["mlflow_run_id"])
+    return task, run_dir, store, tracker, last
 
-            def progress(event: dict) -> None:
-                bar.update(handle, description=event["phase"])
-                if event["phase"] == "done":
-                    bar.advance(handle)
-                    m = event["metrics"]
-                    bar.console.print(
-                        f"step {event['step']:>4}  reward {m['reward/mean']:.3f}  team {m['team_reward']:.3f}  "
-                        f"zero-std {m['zero_std_frac']:.2f}  step {m['time/step']:.1f}s  {m['tokens_per_s']:.0f} tok/s",
-                        highlight=False,
-                    )
 
-            summary = controller.run(progress)
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        store.set_meta(status=status.lower())
-        tracker.finish(status)
-        if backend is not None:
-            backend.shutdown()
-    _print_summary(task, run_dir, store, tracker, summary)
+def _get(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def _install_signal_handlers(controller) -> None:
+    import signal
+
+    def handler(signum, frame):
+        if controller.stop_requested:
+            raise KeyboardInterrupt
+        controller.request_stop()
+        console.print(f"\n{signal.Signals(signum).name}: stopping with a checkpoint at the next step boundary "
+                      "(send it again to abort at once)", highlight=False)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _train_with_progress(task: TaskConfig, controller) -> dict:
+    columns = (TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        handle = bar.add_task("eval", total=task.train.steps, completed=controller.step)
+
+        def progress(event: dict) -> None:
+            bar.update(handle, description=event["phase"])
+            if event["phase"] == "done":
+                bar.update(handle, completed=event["step"])
+                m = event["metrics"]
+                bar.console.print(
+                    f"step {event['step']:>4}  reward {m['reward/mean']:.3f}  team {m['team_reward']:.3f}  "
+                    f"zero-std {m['zero_std_frac']:.2f}  step {m['time/step']:.1f}s  {m['tokens_per_s']:.0f} tok/s",
+                    highlight=False,
+                )
+
+        return controller.run(progress)
 
 
 def _print_summary(task: TaskConfig, run_dir: Path, store, tracker, summary: dict) -> None:
@@ -106,6 +191,7 @@ def _print_summary(task: TaskConfig, run_dir: Path, store, tracker, summary: dic
 
     console.print("\n[bold]summary[/]", highlight=False)
     rows = [
+        ("stopped early" if summary.get("stopped") else "finished", f"after step {summary.get('steps')}"),
         ("eval success before", f"{summary['eval_before']:.3f}"),
         ("eval success after", f"{summary['eval_after']:.3f}"),
         ("steps", str(len(train_steps))),
@@ -146,6 +232,59 @@ def replay(
     if not text:
         console.print("the interactive replay screen is not built yet; printing text", highlight=False)
     sys.stdout.write(format_episode(record))
+
+
+def _control(run_dir: Path):
+    from mas_lab.control import RunControl
+    from mas_lab.store import RunStore
+
+    if not (run_dir / "run.db").is_file():
+        _fail(f"{run_dir}: not a run folder (no run.db)")
+    return RunControl(RunStore(run_dir / "run.db"))
+
+
+def _request(run_dir: Path, command: str, wait: bool) -> None:
+    import time
+
+    control = _control(run_dir)
+    state = control.status()
+    if not state["running"]:
+        _fail(f"{run_dir}: the run is not running (status: {state['status']}); nothing to {command}")
+    control.request(command)
+    console.print(f"{command} requested; it takes effect at the next step boundary (now in step "
+                  f"{state.get('step')}, phase {state.get('phase')})", highlight=False, soft_wrap=True)
+    target = {"pause": lambda s: s.get("paused"), "resume": lambda s: not s.get("paused"),
+              "stop": lambda s: not s["running"]}[command]
+    while wait and not target(control.status()):
+        if not control.status()["running"] and command != "stop":
+            _fail(f"{run_dir}: the run ended before the {command} took effect")
+        time.sleep(0.2)
+
+
+@app.command()
+def pause(run_dir: Path, wait: bool = typer.Option(False, "--wait", help="return once the run is paused")) -> None:
+    """Pause a running run at its next step boundary (checkpointed; the actors stay alive)."""
+    _request(run_dir, "pause", wait)
+
+
+@app.command()
+def resume(run_dir: Path, wait: bool = typer.Option(False, "--wait", help="return once the run is running")) -> None:
+    """Resume a paused run. (To continue a run that ended or crashed: mas-lab run --resume RUN_DIR.)"""
+    _request(run_dir, "resume", wait)
+
+
+@app.command()
+def stop(run_dir: Path, wait: bool = typer.Option(False, "--wait", help="return once the run has stopped")) -> None:
+    """Stop a run gracefully at its next step boundary, with a final checkpoint."""
+    _request(run_dir, "stop", wait)
+
+
+@app.command()
+def status(run_dir: Path) -> None:
+    """Step, phase, paused or not, last checkpoint, and whether the run's process is alive."""
+    state = _control(run_dir).status()
+    print(json.dumps({k: state.get(k) for k in ("status", "running", "step", "phase", "paused", "last_checkpoint",
+                                                 "actors_alive", "pid", "pending")}))
 
 
 @app.command()

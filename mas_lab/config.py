@@ -102,6 +102,13 @@ class Tracking(_Strict):
     runs_dir: str = "runs"
 
 
+class Checkpoint(_Strict):
+    """When to write checkpoints (also always on pause, stop, SIGINT/SIGTERM and at the end)."""
+
+    every: int = Field(5, ge=0, description="every N steps (0: only on pause, stop, signal and at the end)")
+    keep_last: int = Field(2, ge=1, description="complete checkpoints kept; older ones are pruned")
+
+
 class Env(_Strict):
     name: str
     max_turns: int = Field(2, ge=1, description="T: turns per episode")
@@ -117,6 +124,7 @@ class TaskConfig(_Strict):
     train: Train = Train()
     resources: Resources = Resources()
     tracking: Tracking = Tracking()
+    checkpoint: Checkpoint = Checkpoint()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "TaskConfig":

@@ -9,10 +9,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
+from mas_lab import checkpoint
 from mas_lab.algo import build_groups, filter_groups, group_stats, grpo_advantages
 from mas_lab.config import TaskConfig
+from mas_lab.control import RunControl
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout
 from mas_lab.store import RunStore
@@ -59,14 +62,21 @@ def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float
 
 
 class Controller:
-    def __init__(self, task: TaskConfig, backend, store: RunStore, tracker: Tracker | None = None):
+    def __init__(self, task: TaskConfig, backend, store: RunStore, tracker: Tracker | None = None,
+                 run_dir: Path | None = None):
         self.task = task
         self.backend = backend
         self.store = store
         self.tracker = tracker
+        self.run_dir = run_dir  # None: no checkpoints (unit tests)
+        self.control = RunControl(store)
         self.pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, task.train.eval_problems)
-        self.cursor = 0  # index of the next training problem
         self.generate: Generate = backend.generate
+        self.step = 0  # the last finished step
+        self.cursor = 0  # index of the next training problem
+        self.last_checkpoint: int | None = None
+        self.paused = False
+        self.stop_requested = False
 
     def next_problems(self) -> list:
         """E distinct problems for one step (a repeated problem would merge two groups)."""
@@ -130,8 +140,6 @@ class Controller:
         metrics["tokens_per_s"] = timing.generated_tokens / timing.generate_s if timing.generate_s else 0.0
 
         self.store.write_step(step, started_wall, episodes, "train", stats, metrics)
-        if self.tracker:
-            self.tracker.log_metrics(step, metrics)
         return StepResult(step, episodes, metrics)
 
     def evaluate(self, step: int) -> dict[str, float]:
@@ -145,32 +153,110 @@ class Controller:
         metrics = reward_metrics(episodes, prefix="eval/")
         metrics["eval/time"] = time.perf_counter() - started
         self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
-        if self.tracker:
-            self.tracker.log_metrics(step, metrics)
+        self.store.event(step, "eval", f"success {metrics['eval/success_rate']:.3f} on {len(episodes)} problems")
         return metrics
 
+    # --- the run: steps, safe points, checkpoints -------------------------------------------------
     def run(self, progress: Progress | None = None) -> dict[str, float]:
-        """Evaluate, train `train.steps` steps (evaluating every `eval_every`), evaluate again."""
-        train = self.task.train
-        summary: dict[str, float] = {}
-        if progress:
-            progress({"phase": "eval", "step": 0})
-        before = self.evaluate(0)
-        summary["eval_before"] = before.get("eval/success_rate", float("nan"))
-        self.store.event(0, "eval", f"success {summary['eval_before']:.3f}")
-        after = before
-        for step in range(1, train.steps + 1):
-            result = self.train_step(step, progress)
+        """Evaluate, then train until `train.steps` (evaluating every `eval_every` and at the end),
+        checking for pause/stop at every step boundary and checkpointing every `checkpoint.every`."""
+        train, every = self.task.train, self.task.checkpoint.every
+
+        def tell(phase: str, step: int, **extra) -> None:
+            self.control.publish(step=step, phase=phase, paused=self.paused, last_checkpoint=self.last_checkpoint)
             if progress:
-                progress({"phase": "done", "step": step, "metrics": result.metrics})
-            if train.eval_every and step % train.eval_every == 0 and step != train.steps:
-                if progress:
-                    progress({"phase": "eval", "step": step})
+                progress({"phase": phase, "step": step, **extra})
+
+        if self.step == 0 and not self.store.metrics(0):
+            tell("eval", 0)
+            self.evaluate(0)
+            self.checkpoint(0)
+        while self.step < train.steps:
+            if not self.safe_point(tell):
+                break
+            step = self.step + 1
+            result = self.train_step(step, lambda event: tell(event["phase"], step))
+            self.step = step
+            tell("done", step, metrics=result.metrics)
+            if step == train.steps or (train.eval_every and step % train.eval_every == 0):
+                tell("eval", step)
                 self.evaluate(step)
-        if train.steps:
-            if progress:
-                progress({"phase": "eval", "step": train.steps})
-            after = self.evaluate(train.steps)
-            self.store.event(train.steps, "eval", f"success {after.get('eval/success_rate', float('nan')):.3f}")
-        summary["eval_after"] = after.get("eval/success_rate", float("nan"))
-        return summary
+            if step == train.steps or (every and step % every == 0):
+                self.checkpoint(step)
+        else:
+            if self.last_checkpoint != self.step:
+                self.checkpoint(self.step)
+        tell("finished" if self.step >= train.steps else "stopped", self.step)
+        return self.summary()
+
+    def summary(self) -> dict[str, float]:
+        metrics = self.store.metrics()
+        evals = sorted(s for s, m in metrics.items() if "eval/success_rate" in m)
+        nan = float("nan")
+        return {
+            "eval_before": metrics[evals[0]]["eval/success_rate"] if evals else nan,
+            "eval_after": metrics[evals[-1]]["eval/success_rate"] if evals else nan,
+            "steps": self.step,
+            "stopped": self.step < self.task.train.steps,
+        }
+
+    def request_stop(self) -> None:
+        """From a signal handler: stop at the next safe point, with a checkpoint."""
+        self.stop_requested = True
+
+    def _serve_requests(self) -> None:
+        for command in self.control.take():
+            if command == "pause" and not self.paused:
+                self.paused = True
+                self.store.event(self.step, "pause", f"paused after step {self.step}")
+                if self.tracker:
+                    self.tracker.set_tag("paused", "true")
+            elif command == "resume" and self.paused:
+                self.paused = False
+                self.store.event(self.step, "resume", f"resumed after step {self.step}")
+                if self.tracker:
+                    self.tracker.set_tag("paused", "false")
+            elif command == "stop":
+                self.stop_requested = True
+
+    def safe_point(self, tell) -> bool:
+        """A step boundary: serve pause/resume/stop. Returns False when the run must stop."""
+        self._serve_requests()
+        if self.paused and not self.stop_requested:
+            self.checkpoint(self.step)
+            tell("paused", self.step)
+            last_ping = 0.0
+            while self.paused and not self.stop_requested:
+                time.sleep(0.2)
+                self._serve_requests()
+                if time.monotonic() - last_ping > 5.0:
+                    last_ping = time.monotonic()
+                    self.control.publish(actors_alive=self.backend.alive() if hasattr(self.backend, "alive") else True)
+                tell("paused", self.step)
+        if self.stop_requested:
+            self.checkpoint(self.step)
+            self.store.event(self.step, "stop", f"stopped after step {self.step}")
+            return False
+        return True
+
+    def checkpoint(self, step: int) -> None:
+        """Write a checkpoint of the state after `step`, then feed MLflow up to `step`."""
+        if self.run_dir is None or self.last_checkpoint == step:
+            return
+        state = {"step": step, "cursor": self.cursor, "mlflow_run_id": self.tracker.run_id if self.tracker else None,
+                 "task": self.task.model_dump(mode="json")}
+        path, seconds = checkpoint.save(self.run_dir, step, state, self.backend.save_policies,
+                                        self.task.checkpoint.keep_last)
+        self.last_checkpoint = step
+        self.store.event(step, "checkpoint", f"{path.name} written in {seconds:.2f}s")
+        self.control.publish(last_checkpoint=step)
+        if self.tracker:
+            self.tracker.sync_from_store(self.store, step)
+
+    def restore(self, path: Path) -> dict:
+        """Continue from a verified checkpoint: weights, optimizers, RNGs, cursor, step."""
+        state = checkpoint.verify(path)
+        self.backend.load_policies(path / "policies", state["step"])
+        checkpoint.restore_driver_rng(path)
+        self.step, self.cursor, self.last_checkpoint = state["step"], state["cursor"], state["step"]
+        return state

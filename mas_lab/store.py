@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS groups (
     reward_std REAL, reward_min REAL, reward_max REAL, adv_min REAL, adv_max REAL,
     zero_std INTEGER, kept INTEGER);
 CREATE TABLE IF NOT EXISTS events (ts REAL, step INTEGER, kind TEXT, message TEXT);
+CREATE TABLE IF NOT EXISTS control (id INTEGER PRIMARY KEY, ts REAL, command TEXT, done INTEGER DEFAULT 0);
 CREATE INDEX IF NOT EXISTS episodes_step ON episodes (step, kind);
 CREATE INDEX IF NOT EXISTS turns_episode ON turns (episode_id);
 CREATE INDEX IF NOT EXISTS candidates_turn ON candidates (turn_id);
@@ -96,6 +97,24 @@ class RunStore:
                     for c in turn.candidates
                 ],
             )
+
+    def rollback(self, after_step: int) -> int:
+        """Delete every row of steps after `after_step` (a step written after the checkpoint that
+        a resume restarts from), so that no step appears twice or half. Returns rows deleted."""
+        with self.db:
+            ids = "SELECT id FROM episodes WHERE step > ?"
+            turn_ids = f"SELECT id FROM turns WHERE episode_id IN ({ids})"
+            deleted = 0
+            for query in (
+                f"DELETE FROM candidates WHERE turn_id IN ({turn_ids})",
+                f"DELETE FROM turns WHERE episode_id IN ({ids})",
+                "DELETE FROM episodes WHERE step > ?",
+                "DELETE FROM groups WHERE step > ?",
+                "DELETE FROM metrics WHERE step > ?",
+                "DELETE FROM steps WHERE step > ?",
+            ):
+                deleted += self.db.execute(query, (after_step,)).rowcount
+        return deleted
 
     # --- reading -------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:

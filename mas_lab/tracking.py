@@ -25,6 +25,8 @@ class Tracker:
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         if run_id is None:
             run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+        else:
+            self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
 
     def log_params(self, params: dict[str, str]) -> None:
@@ -37,16 +39,32 @@ class Tracker:
     def log_artifact(self, path: str | Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
 
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+    def log_metrics(self, step: int, metrics: dict[str, float], timestamp: float | None = None) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = int((timestamp or time.time()) * 1000)
         items = [Metric(_key(k), float(v), now, step) for k, v in metrics.items()]
         for i in range(0, len(items), 500):
             self.client.log_batch(self.run_id, metrics=items[i : i + 500])
 
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
+
+    def sync_from_store(self, store, through_step: int) -> None:
+        """Log the store's metrics of every step up to `through_step` not yet in MLflow.
+
+        Called when a checkpoint makes those steps durable: steps after the last checkpoint may be
+        rolled back and re-run by a resume, so logging them earlier could log a step twice. The
+        run store (which the dashboard reads) is live; MLflow follows at checkpoint granularity.
+        A tag records how far MLflow has been fed, so a crash between the two loses nothing."""
+        run = self.client.get_run(self.run_id)
+        done = int(run.data.tags.get("mas_lab.logged_through_step", "-1"))
+        finished = dict(store.db.execute("SELECT step, finished FROM steps"))
+        for step, metrics in store.metrics().items():
+            if done < step <= through_step:
+                self.log_metrics(step, metrics, finished.get(step))
+        if through_step > done:
+            self.set_tag("mas_lab.logged_through_step", str(through_step))
 
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)

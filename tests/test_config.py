@@ -41,7 +41,7 @@ CASES = [
     ("role policy missing", lambda d: d["roles"][0].update(policy="nope"), "field 'roles.0.policy': 'nope' is not a policy; allowed: ['shared']"),
     ("roles do not match env", lambda d: d["roles"].reverse(), "field 'roles': environment 'toy' has roles ['first', 'second']"),
     ("bad filter", lambda d: d["algorithm"].update(filter="lowest_half"), "field 'algorithm.filter': Input should be 'none' or 'zero_std'"),
-    ("top level unknown", lambda d: d.update(trainer={}), "field 'trainer': unknown key; allowed: ['algorithm', 'env'"),
+    ("top level unknown", lambda d: d.update(trainer={}), "field 'trainer': unknown key; allowed: ['algorithm', 'checkpoint', 'env'"),
 ]
 
 

@@ -8,6 +8,7 @@ with more epochs, logp_old is computed once before the first update.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -111,6 +112,27 @@ class Learner:
         bfloat16 this halves what crosses the object store."""
         dtype = torch.bfloat16 if self.autocast else None
         return {k: v.detach().to(dtype) if dtype else v.detach() for k, v in self.model.state_dict().items()}
+
+    def save(self, path: str) -> None:
+        """Weights (safetensors), optimizer state, torch RNG state and version, for exact resume."""
+        from safetensors.torch import save_model
+
+        os.makedirs(path, exist_ok=True)
+        save_model(self.model, os.path.join(path, "model.safetensors"))
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version},
+            os.path.join(path, "learner.pt"),
+        )
+
+    def load(self, path: str) -> int:
+        from safetensors.torch import load_model
+
+        load_model(self.model, os.path.join(path, "model.safetensors"))
+        state = torch.load(os.path.join(path, "learner.pt"), weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.version = state["version"]
+        return self.version
 
     def ready(self) -> bool:
         return True

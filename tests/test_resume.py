@@ -1,0 +1,202 @@
+"""Pause, resume, stop, checkpoints and exact resume after SIGKILL, through the real CLI
+(separate processes, real Ray actors, real MLflow and run stores)."""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mas_lab.control import RunControl
+from mas_lab.store import RunStore
+
+from conftest import ROOT
+
+MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
+TOY = str(ROOT / "tasks" / "toy.yaml")
+# time and throughput differ between runs by nature; everything else must match exactly
+VOLATILE = ("time/", "tokens_per_s", "eval/time")
+
+
+def cli(*args, cwd, timeout=300):
+    return subprocess.run([MAS_LAB, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args, cwd):
+    return subprocess.Popen([MAS_LAB, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_dir_of(cwd: Path) -> Path:
+    return wait_for(lambda: next((p for p in (cwd / "runs").glob("*") if (p / "run.db").is_file()), None)
+                    if (cwd / "runs").is_dir() else None, what="the run folder")
+
+
+def state_of(run_dir: Path) -> dict:
+    try:
+        return RunControl(RunStore(run_dir / "run.db")).status()
+    except Exception:  # the store may be mid-creation
+        return {}
+
+
+def stable_metrics(run_dir: Path) -> dict:
+    return {step: {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
+            for step, m in RunStore(run_dir / "run.db").metrics().items()}
+
+
+def advantages(run_dir: Path) -> list:
+    return [tuple(r.values()) for r in RunStore(run_dir / "run.db").rows(
+        "SELECT e.step, e.kind, e.idx, t.turn, t.role, c.idx, c.response, c.reward, c.advantage, c.chosen FROM candidates c "
+        "JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id ORDER BY e.step, e.kind, e.idx, t.id, c.idx")]
+
+
+def final_weights(run_dir: Path, step: int) -> dict:
+    return load_file(str(run_dir / "checkpoints" / f"step-{step:06d}" / "policies" / "shared" / "model.safetensors"))
+
+
+STEPS = ["--set", "train.steps=6", "--set", "checkpoint.every=1", "--set", "train.eval_every=3"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("straight")
+    proc = cli("run", TOY, *STEPS, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cwd, Path(cwd / json.loads(proc.stdout.splitlines()[-1])["run_dir"])
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("killed")
+    proc = start("run", TOY, *STEPS, cwd=cwd)
+    run_dir = run_dir_of(cwd)
+    wait_for(lambda: (lambda s: s.get("step") == 4 and str(s.get("phase", "")).startswith("rollout"))(state_of(run_dir)),
+             what="step 4's rollout")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed_at = state_of(run_dir)
+    again = cli("run", "--resume", run_dir, cwd=cwd)
+    assert again.returncode == 0, again.stderr[-3000:]
+    return cwd, run_dir, killed_at, again
+
+
+def test_resume_after_sigkill_matches_the_uninterrupted_run_exactly(straight, resumed):
+    _, straight_dir = straight
+    _, resumed_dir, killed_at, again = resumed
+    assert killed_at["step"] == 4 and killed_at["last_checkpoint"] == 3 and not killed_at["running"]
+    assert "resumed from step-000003" in again.stderr
+    assert stable_metrics(resumed_dir) == stable_metrics(straight_dir)
+    assert advantages(resumed_dir) == advantages(straight_dir)
+    a, b = final_weights(straight_dir, 6), final_weights(resumed_dir, 6)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise
+
+
+def test_the_resumed_store_has_every_step_exactly_once(straight, resumed):
+    _, straight_dir = straight
+    _, resumed_dir, _, _ = resumed
+    query = "SELECT kind, step, COUNT(*) AS n FROM episodes GROUP BY kind, step ORDER BY kind, step"
+    assert RunStore(resumed_dir / "run.db").rows(query) == RunStore(straight_dir / "run.db").rows(query)
+    steps = [r["step"] for r in RunStore(resumed_dir / "run.db").rows("SELECT step FROM steps ORDER BY step")]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]
+    assert RunStore(resumed_dir / "run.db").meta()["status"] == "finished"
+
+
+def test_the_mlflow_run_is_the_same_and_has_no_duplicate_steps(resumed):
+    cwd, run_dir, _, again = resumed
+    from mlflow.tracking import MlflowClient
+
+    run_id = RunStore(run_dir / "run.db").meta()["mlflow_run_id"]
+    assert json.loads(again.stdout.splitlines()[-1])["mlflow_run_id"] == run_id
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns.db'}")
+    assert len(client.search_runs([client.get_experiment_by_name("mas-lab").experiment_id])) == 1
+    for key in ("reward/mean", "loss/shared", "time/step"):
+        assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2, 3, 4, 5, 6]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "eval/success_rate")) == [0, 3, 6]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_pause_from_another_process_holds_steps_and_resume_continues(tmp_path):
+    proc = start("run", TOY, "--set", "train.steps=400", "--set", "checkpoint.every=0", cwd=tmp_path)
+    try:
+        run_dir = run_dir_of(tmp_path)
+        wait_for(lambda: (state_of(run_dir).get("step") or 0) >= 2, what="step 2")
+        paused = cli("pause", run_dir, "--wait", cwd=tmp_path, timeout=120)
+        assert paused.returncode == 0, paused.stderr
+        state = wait_for(lambda: (lambda s: s if s.get("actors_alive") else None)(state_of(run_dir)), what="actor ping")
+        assert state["paused"] and state["phase"] == "paused" and state["last_checkpoint"] == state["step"]
+        count = lambda: RunStore(run_dir / "run.db").rows("SELECT COUNT(*) AS n FROM steps")[0]["n"]
+        before = count()
+        time.sleep(2.0)
+        assert count() == before, "a step started while paused"
+        events = [e["kind"] for e in RunStore(run_dir / "run.db").rows("SELECT kind FROM events")]
+        assert "pause" in events
+        assert cli("resume", run_dir, "--wait", cwd=tmp_path).returncode == 0
+        wait_for(lambda: count() > before, what="a step after resume")
+        stopped = cli("stop", run_dir, "--wait", cwd=tmp_path, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        final = state_of(run_dir)
+        assert final["status"] == "stopped" and final["last_checkpoint"] == final["step"] < 400
+        assert (run_dir / "checkpoints" / f"step-{final['step']:06d}" / "manifest.json").is_file()
+        assert cli("pause", run_dir, cwd=tmp_path).returncode == 2  # no longer running
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_stops_with_a_checkpoint(tmp_path):
+    proc = start("run", TOY, "--set", "train.steps=400", "--set", "checkpoint.every=0", cwd=tmp_path)
+    run_dir = run_dir_of(tmp_path)
+    wait_for(lambda: (state_of(run_dir).get("step") or 0) >= 2, what="step 2")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    final = state_of(run_dir)
+    assert final["status"] == "stopped" and final["last_checkpoint"] == final["step"] >= 2
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_bad_states_each_get_one_clear_message(straight, tmp_path):
+    _, run_dir = straight
+    assert "not a run folder" in cli("run", "--resume", tmp_path, cwd=tmp_path).stderr
+    assert "not running" in cli("pause", run_dir, cwd=tmp_path).stderr
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    last = sorted((copy / "checkpoints").glob("step-*"))[-1]
+    weights = last / "policies" / "shared" / "model.safetensors"
+    store_before = digest(copy / "run.db")
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    result = cli("run", "--resume", copy, cwd=tmp_path)
+    assert result.returncode == 2 and "truncated checkpoint" in result.stderr and "model.safetensors" in result.stderr
+    weights.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    result = cli("run", "--resume", copy, cwd=tmp_path)
+    assert result.returncode == 2 and "corrupt checkpoint" in result.stderr
+    weights.write_bytes(data)
+
+    other = tmp_path / "other.yaml"
+    other.write_text(Path(TOY).read_text().replace("policy: shared", "policy: mine").replace("  shared:", "  mine:"))
+    result = cli("run", other, "--resume", copy, cwd=tmp_path)
+    assert result.returncode == 2 and "does not match the checkpoint" in result.stderr and "'roles'" in result.stderr
+    assert digest(copy / "run.db") == store_before  # nothing was overwritten
