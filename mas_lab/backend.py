@@ -1,13 +1,16 @@
-"""The actors behind a run: one RolloutWorker and one Learner per policy.
+"""The actors behind a run: for each base model, one RolloutWorker and one Learner.
 
-With Ray (the default) they are Ray actors in a local Ray instance, or in an existing cluster
-when `resources.ray_address` is set. `use_ray=False` builds the same classes in-process, which
-the fast unit tests and the learning test use; the code path above this module is identical.
+A *host* is one base model in memory: a full-model policy has a host of its own; policies with
+LoRA on the same base model and dtype share one host, one adapter each (per-role LoRA). With Ray
+(the default) workers and learners are Ray actors in a local Ray instance, or in an existing
+cluster when `resources.ray_address` is set; hosts update in parallel. `use_ray=False` builds the
+same classes in-process (fast unit tests and the learning test); the code above is identical.
 """
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from mas_lab.config import Sampling, TaskConfig
 from mas_lab.learner.learner import Learner
@@ -29,13 +32,22 @@ def start_ray(address: str | None) -> None:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
+def hosts_of(task: TaskConfig) -> dict[str, list[str]]:
+    """Group policies into hosts: LoRA policies on the same base share one; full ones stand alone."""
+    hosts: dict[str, list[str]] = {}
+    for name, policy in task.policies.items():
+        key = f"lora:{policy.model}:{policy.dtype}" if policy.lora else f"full:{name}"
+        hosts.setdefault(key, []).append(name)
+    return hosts
+
+
 class Backend:
     def __init__(self, task: TaskConfig, use_ray: bool = True):
         self.task = task
         self.use_ray = use_ray
-        self.sync_s = 0.0
-        self.workers: dict[str, object] = {}
-        self.learners: dict[str, object] = {}
+        self.workers: dict[str, object] = {}  # host -> RolloutWorker
+        self.learners: dict[str, object] = {}  # host -> Learner
+        self.host_of: dict[str, str] = {}
         threads = task.resources.torch_threads
         algorithm = task.algorithm.model_dump()
         if use_ray:
@@ -46,11 +58,21 @@ class Backend:
             learner_cls = ray.remote(num_cpus=task.resources.learner_cpus)(Learner)
         else:
             worker_cls, learner_cls = RolloutWorker, Learner
-        for name, policy in task.policies.items():
-            folder = resolve(policy.model)
-            self.workers[name] = self._new(worker_cls, folder, policy.dtype, threads)
-            self.learners[name] = self._new(learner_cls, folder, algorithm, policy.dtype, threads, task.train.seed)
-        self._wait([self._call(a, "ready") for a in [*self.workers.values(), *self.learners.values()]])
+        for host, names in hosts_of(task).items():
+            first = task.policies[names[0]]
+            folder = resolve(first.model)
+            specs = {n: task.policies[n].lora.model_dump() if task.policies[n].lora else None for n in names}
+            adapters = {n: s for n, s in specs.items() if s}
+            init_from = {n: task.policies[n].init_from for n in names if task.policies[n].init_from}
+            self.workers[host] = self._new(worker_cls, folder, first.dtype, threads, adapters or None)
+            self.learners[host] = self._new(learner_cls, folder, algorithm, first.dtype, threads, task.train.seed,
+                                            specs, init_from)
+            self.host_of.update({n: host for n in names})
+        self._wait([self._call(a, "ready") for a in self._actors()])
+        self.sync_weights(0)  # adapters start random in each process; init_from weights too
+
+    def _actors(self) -> list:
+        return [*self.workers.values(), *self.learners.values()]
 
     @staticmethod
     def _new(cls, *args):
@@ -69,39 +91,43 @@ class Backend:
         return handles
 
     def generate(self, policy: str, prompts, n: int, sampling: Sampling, seed: int) -> list[list[Generation]]:
-        handle = self._call(self.workers[policy], "generate", prompts, n, sampling.temperature, sampling.top_p,
+        worker = self.workers[self.host_of[policy]]
+        handle = self._call(worker, "generate", policy, prompts, n, sampling.temperature, sampling.top_p,
                             sampling.max_new_tokens, seed)
         return self._wait([handle])[0]
 
     def update(self, samples: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
-        """Update every policy on its own samples; with Ray the policies update in parallel."""
-        names = list(samples)
-        results = self._wait([self._call(self.learners[n], "update", samples[n]) for n in names])
-        return dict(zip(names, results))
+        """Update every policy on its own samples; hosts update in parallel under Ray."""
+        by_host: dict[str, dict[str, list[dict]]] = {}
+        for policy, batch in samples.items():
+            by_host.setdefault(self.host_of[policy], {})[policy] = batch
+        hosts = list(by_host)
+        results = self._wait([self._call(self.learners[h], "update", by_host[h]) for h in hosts])
+        return {policy: metrics for result in results for policy, metrics in result.items()}
 
     def sync_weights(self, version: int) -> float:
-        """Push each learner's weights to its rollout worker; returns the seconds it took."""
+        """Push each policy's weights (or adapter) to its rollout worker; returns the seconds."""
         started = time.perf_counter()
         handles = []
-        for name, learner in self.learners.items():
-            weights = self._call(learner, "weights")  # an ObjectRef under Ray: no trip via the driver
-            handles.append(self._call(self.workers[name], "load_weights", weights, version))
+        for policy, host in self.host_of.items():
+            weights = self._call(self.learners[host], "weights", policy)  # an ObjectRef under Ray
+            handles.append(self._call(self.workers[host], "load_weights", policy, weights, version))
         self._wait(handles)
         return time.perf_counter() - started
 
-    def save_policies(self, folder) -> None:
-        """Every learner writes its policy under folder/<policy name> (a shared file system in a cluster)."""
-        self._wait([self._call(learner, "save", str(folder / name)) for name, learner in self.learners.items()])
+    def save_policies(self, folder: Path) -> None:
+        """Every policy written under folder/<policy> (a shared file system in a cluster)."""
+        self._wait([self._call(self.learners[h], "save", p, str(folder / p)) for p, h in self.host_of.items()])
 
-    def load_policies(self, folder, version: int) -> None:
+    def load_policies(self, folder: Path, version: int, optimizer: bool = True) -> None:
         """Load every policy from a checkpoint, then push the weights to the rollout workers."""
-        self._wait([self._call(learner, "load", str(folder / name)) for name, learner in self.learners.items()])
+        self._wait([self._call(self.learners[h], "load", p, str(folder / p), optimizer) for p, h in self.host_of.items()])
         self.sync_weights(version)
 
     def alive(self) -> bool:
         """Whether every actor answers (checked while a run is paused)."""
         try:
-            return all(self._wait([self._call(a, "ready") for a in [*self.workers.values(), *self.learners.values()]]))
+            return all(self._wait([self._call(a, "ready") for a in self._actors()]))
         except Exception:
             return False
 
@@ -109,7 +135,7 @@ class Backend:
         if self.use_ray:
             import ray
 
-            for actor in [*self.workers.values(), *self.learners.values()]:
+            for actor in self._actors():
                 ray.kill(actor)
             if not self.task.resources.ray_address:
                 ray.shutdown()

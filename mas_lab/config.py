@@ -38,17 +38,34 @@ class Role(_Strict):
     sampling: Sampling = Sampling()
 
 
+class Lora(_Strict):
+    """A LoRA adapter (Hu et al. 2021) on the policy's base model. Policies with LoRA on the same
+    base model and dtype share one base in one rollout worker and one learner: per-role adapters."""
+
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    modules_to_save: list[str] = Field(default_factory=list, description="modules trained in full, one copy per adapter")
+
+
 class Policy(_Strict):
     """One trainable model. Several roles may share it (M = 1) or each have its own (M = N)."""
 
     model: str = Field(description="a named model (`mas-lab models`), an HF folder or a hub id")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: Optional[Lora] = Field(None, description="train a LoRA adapter instead of the full model")
+    init_from: Optional[str] = Field(None, description="a saved policy folder (checkpoints/step-N/policies/NAME)")
 
 
 class Algorithm(_Strict):
     """AT-GRPO settings (paper Algorithm 1 and the clipped objective, Eq. 5)."""
 
-    mode: Literal["at_grpo"] = "at_grpo"
+    mode: Literal["at_grpo", "mas_grpo", "single_agent"] = Field(
+        "at_grpo",
+        description="at_grpo: tree sampling, groups per (problem, agent, turn); mas_grpo: K independent "
+        "multi-agent trajectories, one group per problem; single_agent: one role does the task, GRPO over K trajectories",
+    )
     k: int = Field(4, description="candidates per (turn, agent): the group size K")
     clip_eps_low: float = Field(0.2, gt=0.0, lt=1.0)
     clip_eps_high: float = Field(0.2, gt=0.0)
@@ -140,15 +157,22 @@ class TaskConfig(_Strict):
 
         if self.env.name not in ENVS:
             raise ValueError(f"env.name: unknown environment '{self.env.name}'; allowed: {sorted(ENVS)}")
-        expected = ENVS[self.env.name].roles
-        if names != list(expected):
-            raise ValueError(f"roles: environment '{self.env.name}' has roles {list(expected)} in this order, got {names}")
+        env = ENVS[self.env.name]
+        expected = [env.single_role] if self.algorithm.mode == "single_agent" else list(env.roles)
+        if names != expected:
+            where = "in single_agent mode has the role" if self.algorithm.mode == "single_agent" else "has roles"
+            raise ValueError(f"roles: environment '{self.env.name}' {where} {expected} in this order, got {names}")
         from mas_lab.models import check_model_name
 
         for key, policy in self.policies.items():
             problem = check_model_name(policy.model)
             if problem:
                 raise ValueError(f"policies.{key}.model: {problem}")
+            if policy.init_from and not Path(policy.init_from).is_dir():
+                raise ValueError(f"policies.{key}.init_from: no such folder '{policy.init_from}'")
+        unused = sorted(set(self.policies) - {r.policy for r in self.roles})
+        if unused:
+            raise ValueError(f"policies: {unused} serve no role; every policy must be some role's policy")
         return self
 
     def policy_of(self, role: str) -> str:
@@ -157,6 +181,38 @@ class TaskConfig(_Strict):
 
     def role(self, name: str) -> Role:
         return next(r for r in self.roles if r.name == name)
+
+
+def as_mode(task: TaskConfig, mode: str) -> TaskConfig:
+    """The same task run as a team (`mas`) or by one agent (`single_agent`), for evaluation.
+
+    MAS -> single agent: the env's single role uses the last role's policy and sampling (the
+    role whose actions change the state). Single agent -> MAS: every role uses that policy."""
+    from mas_lab.envs import ENVS
+
+    env = ENVS[task.env.name]
+    data = task.model_dump(mode="json")
+    is_single = task.algorithm.mode == "single_agent"
+    if mode == "single_agent" and not is_single:
+        last = data["roles"][-1]
+        data["roles"] = [{**last, "name": env.single_role}]
+        data["algorithm"]["mode"] = "single_agent"
+    elif mode == "mas" and is_single:
+        only = data["roles"][0]
+        data["roles"] = [{**only, "name": name} for name in env.roles]
+        data["algorithm"]["mode"] = "at_grpo"
+    elif mode not in ("mas", "single_agent"):
+        raise TaskFileError(f"unknown evaluation mode '{mode}'; allowed: ['mas', 'single_agent']")
+    return TaskConfig.model_validate(data)
+
+
+def swap_policies(task: TaskConfig) -> TaskConfig:
+    """Rotate the role -> policy map by one (two roles: swapped), for the paper's swap ablation."""
+    data = task.model_dump(mode="json")
+    policies = [r["policy"] for r in data["roles"]]
+    for role, policy in zip(data["roles"], policies[1:] + policies[:1]):
+        role["policy"] = policy
+    return TaskConfig.model_validate(data)
 
 
 def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:

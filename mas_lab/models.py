@@ -25,6 +25,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 NAMED = ("smollm2-135m-instruct", "tiny-test")
+_BUILD_VERSION = {"smollm2-135m-instruct": "v1", "tiny-test": "v2"}  # bump when a build recipe changes
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -47,7 +48,7 @@ def resolve(name: str) -> str:
     """A local folder (or hub id) that AutoModelForCausalLM.from_pretrained can load."""
     if name not in NAMED:
         return name
-    target = cache_dir() / "models" / name
+    target = cache_dir() / "models" / f"{name}-{_BUILD_VERSION[name]}"
     if (target / "config.json").is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +121,9 @@ def _build_tiny(folder: Path) -> None:
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        # std 0.1 rather than 0.02: with tied embeddings of std 0.02 the largest logit a frozen
+        # output layer allows is ~1.3, which caps what LoRA adapters can learn on the toy task
+        initializer_range=0.1,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
 """A tiny random model learns the toy task under AT-GRPO (real engine and learner, in-process)."""
 import statistics
 
+import pytest
 import torch
 
 from mas_lab.backend import Backend
@@ -12,29 +13,63 @@ from conftest import ROOT
 
 
 def test_reward_rises_clearly_within_a_minute(tmp_path):
-    task = load_task(ROOT / "tasks" / "toy.yaml", ["train.steps=24", "train.eval_every=0"])
+    task = load_task(ROOT / "tasks" / "toy.yaml", ["train.steps=15", "train.eval_every=0"])
     controller = Controller(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
-    rewards = [controller.train_step(step).metrics["reward/mean"] for step in range(1, 25)]
-    before, after = statistics.fmean(rewards[:3]), statistics.fmean(rewards[-3:])
-    print(f"toy mean reward: first 3 steps {before:.3f}, last 3 steps {after:.3f}")
+    rewards = [controller.train_step(step).metrics["reward/mean"] for step in range(1, 16)]
+    # step 1 samples from the untrained model; the last 3 steps from the trained one
+    before, after = rewards[0], statistics.fmean(rewards[-3:])
+    print(f"toy mean reward: step 1 {before:.3f}, last 3 steps {after:.3f}")
     # the reward is alpha * team + local, both in [0, 1]: from ~0.04 to well over 1
     assert before < 0.3 and after > 1.0, rewards
 
 
-def test_one_policys_update_never_changes_anothers_weights():
+def two_policy_task(lora: bool) -> TaskConfig:
     data = load_task(ROOT / "tasks" / "toy.yaml").model_dump()
-    data["policies"] = {"p_first": {"model": "tiny-test"}, "p_second": {"model": "tiny-test"}}
+    spec = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]} if lora else None
+    data["policies"] = {"p_first": {"model": "tiny-test", "lora": spec}, "p_second": {"model": "tiny-test", "lora": spec}}
     data["roles"][0]["policy"], data["roles"][1]["policy"] = "p_first", "p_second"
-    backend = Backend(TaskConfig.model_validate(data), use_ray=False)
-    first, second = backend.learners["p_first"], backend.learners["p_second"]
-    before = {name: {k: v.clone() for k, v in learner.weights().items()} for name, learner in backend.learners.items()}
+    return TaskConfig.model_validate(data)
+
+
+def clone(state):
+    return {k: v.clone() for k, v in state.items()}
+
+
+def same(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_one_policys_update_never_changes_anothers_weights(lora):
+    backend = Backend(two_policy_task(lora), use_ray=False)
+    assert len(backend.learners) == (1 if lora else 2)  # LoRA policies share one base
+    learner = {p: backend.learners[h] for p, h in backend.host_of.items()}
+    before = {p: clone(learner[p].weights(p)) for p in learner}
+    base_before = clone({k: v for k, v in learner["p_first"].model.state_dict().items() if "lora_" not in k})
     samples = [{"prompt_ids": [2, 10, 11], "response_ids": [71, 71, 3], "advantage": a} for a in (1.0, -1.0)]
-    backend.update({"p_first": samples, "p_second": []})
-    changed = [k for k, v in first.weights().items() if not torch.equal(v, before["p_first"][k])]
-    assert changed, "the updated policy did not move"
-    assert all(torch.equal(v, before["p_second"][k]) for k, v in second.weights().items())
+    result = backend.update({"p_first": samples, "p_second": []})
+    assert result["p_first"]["samples"] == 2 and result["p_second"]["samples"] == 0
+    assert not same(learner["p_first"].weights("p_first"), before["p_first"]), "the updated policy did not move"
+    assert same(learner["p_second"].weights("p_second"), before["p_second"])
+    if lora:  # the frozen base never moves
+        base_after = {k: v for k, v in learner["p_first"].model.state_dict().items() if "lora_" not in k}
+        assert same(base_after, base_before)
     backend.sync_weights(1)
-    engine = backend.workers["p_first"].engine.model.state_dict()
-    assert all(torch.equal(engine[k], v) for k, v in first.weights().items())
-    engine = backend.workers["p_second"].engine.model.state_dict()
-    assert all(torch.equal(engine[k], v) for k, v in before["p_second"].items())
+    for policy in ("p_first", "p_second"):
+        worker = backend.workers[backend.host_of[policy]].engine
+        if lora:
+            from mas_lab import lora as lora_module
+
+            served = lora_module.adapter_state(worker.model, policy)
+        else:
+            served = worker.model.state_dict()
+        assert same(served, learner[policy].weights(policy))
+
+
+def test_reward_rises_under_per_role_lora(tmp_path):
+    task = load_task(ROOT / "tasks" / "toy_lora.yaml", ["train.steps=15", "train.eval_every=0"])
+    controller = Controller(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
+    rewards = [controller.train_step(step).metrics["reward/mean"] for step in range(1, 16)]
+    before, after = rewards[0], statistics.fmean(rewards[-3:])
+    print(f"toy mean reward under per-role LoRA: step 1 {before:.3f}, last 3 steps {after:.3f}")
+    assert before < 0.3 and after > 1.0, rewards

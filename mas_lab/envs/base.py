@@ -46,6 +46,7 @@ class Env(ABC):
     """One problem's live state. Subclasses set `roles` (turn order) and implement the game."""
 
     roles: ClassVar[tuple[str, ...]]
+    single_role: ClassVar[str] = "solver"  # the one agent of the single-agent baseline
     system_prompts: ClassVar[dict[str, str]] = {}
 
     def __init__(self, problem: Problem, params: dict[str, Any]):

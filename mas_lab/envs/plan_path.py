@@ -11,6 +11,9 @@ Rewards (stored as separate components, alpha per role in the task file):
 - team (state): 1 if the goal is reached, else 0.5 * progress, progress = (d0 - d) / d0.
 - tool agent local: 0.1 ran + 0.1 printed parseable moves + 0.8 * value of following them.
 - planner local: 0.2 format (parseable, all moves legal) + 0.8 * value of the state after them.
+
+Single-agent baseline: one `solver` sees the task alone and answers with the moves, scored as the
+planner is.
 """
 from __future__ import annotations
 
@@ -78,6 +81,7 @@ class PlanPathEnv(Env):
         "from S to G, for example print(['R', 'D']). Reply with one ```python code block.",
         "planner": "You are the planner. Give the moves from the current position to G. "
         "End with one line 'Moves: R D ...' using U, D, L, R.",
+        "solver": "Give the moves from the current position to G. End with one line 'Moves: R D ...' using U, D, L, R.",
     }
 
     def __init__(self, problem: Problem, params: dict[str, Any]):
@@ -151,6 +155,8 @@ class PlanPathEnv(Env):
         text = self._task_text()
         if role == "tool":
             return text + "\nWrite the Python program that prints the moves from S to G."
+        if role == self.single_role:
+            return text + "\nAnswer with 'Moves: ...'."
         return (
             text
             + f"\nThe tool agent's code:\n```python\n{self.tool_code.strip()}\n```\n"

@@ -7,18 +7,24 @@ with more epochs, logp_old is computed once before the first update.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 
 import torch
 
+from mas_lab import lora
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.rollout.engine import set_threads
 
 
 class Learner:
-    def __init__(self, model_dir: str, algorithm: dict, dtype: str = "float32", threads: int = 0, seed: int = 0):
+    """One base model and the policies trained on it: a single full policy, or one LoRA adapter
+    per policy (each with its own optimizer, so an update touches only its adapter)."""
+
+    def __init__(self, model_dir: str, algorithm: dict, dtype: str = "float32", threads: int = 0, seed: int = 0,
+                 policies: dict[str, dict | None] | None = None, init_from: dict[str, str] | None = None):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
 
@@ -27,16 +33,29 @@ class Learner:
         set_threads(threads)
         torch.manual_seed(seed)
         self.algo = algorithm
+        policies = policies or {"shared": None}
+        self.adapters = {name: spec for name, spec in policies.items() if spec}
+        if self.adapters and len(self.adapters) != len(policies):
+            raise ValueError("a learner serves either one full policy or LoRA adapters only")
+        if not self.adapters and len(policies) != 1:
+            raise ValueError("a learner serves one full policy")
         # master weights stay float32; dtype bfloat16 means bf16 autocast for the forward/backward
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.autocast = dtype == "bfloat16"
         self.model.config.use_cache = False
+        if self.adapters:
+            self.model = lora.attach(self.model, self.adapters)
+            params = {name: lora.adapter_parameters(self.model, name) for name in self.adapters}
+        else:
+            params = {next(iter(policies)): [p for p in self.model.parameters() if p.requires_grad]}
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=algorithm["lr"],
-            weight_decay=algorithm["weight_decay"],
-        )
+        self.autocast = dtype == "bfloat16"
+        self.optimizers = {
+            name: torch.optim.AdamW(group, lr=algorithm["lr"], weight_decay=algorithm["weight_decay"])
+            for name, group in params.items()
+        }
+        self.params = params
+        for name, folder in (init_from or {}).items():
+            self.load(name, folder, optimizer=False)
         self.version = 0
 
     def _batch(self, samples: list[dict]) -> tuple[torch.Tensor, ...]:
@@ -65,9 +84,20 @@ class Learner:
         picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
         return torch.zeros(mask.shape, dtype=picked.dtype).masked_scatter(where, picked)
 
-    def update(self, samples: list[dict]) -> dict[str, float]:
+    def update(self, samples: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+        """Update each named policy on its own samples (routing by sigma happened upstream)."""
+        out = {}
+        for name, batch in samples.items():
+            if self.adapters:
+                lora.use(self.model, name)
+            out[name] = self._update_policy(name, batch)
+        self.version += 1
+        return out
+
+    def _update_policy(self, name: str, samples: list[dict]) -> dict[str, float]:
         """One policy update on this step's samples; returns loss, clip fraction, grad norm."""
         started = time.perf_counter()
+        optimizer, params = self.optimizers[name], self.params[name]
         if not samples:
             return {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "learner_s": 0.0}
         algo = self.algo
@@ -81,7 +111,7 @@ class Learner:
                 old = [self._logp(ids, att, mask) for ids, att, mask, _ in micro]
         total_loss, clipped, grad_norm = 0.0, 0.0, 0.0
         for _ in range(algo["epochs"]):
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             epoch_loss = 0.0
             for i, (ids, attention, mask, advantages) in enumerate(micro):
                 logp = self._logp(ids, attention, mask)
@@ -93,11 +123,10 @@ class Learner:
                 loss.backward()
                 epoch_loss += float(loss.detach())
                 clipped += stats["clipped_tokens"]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo["grad_clip"]))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo["grad_clip"]))
             if math.isfinite(grad_norm):
-                self.optimizer.step()
+                optimizer.step()
             total_loss = epoch_loss
-        self.version += 1
         return {
             "loss": total_loss,
             "clip_frac": clipped / max(tokens * algo["epochs"], 1.0),
@@ -107,31 +136,46 @@ class Learner:
             "learner_s": time.perf_counter() - started,
         }
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The state dict for the rollout engine (weight sync), in the engine's dtype: with
-        bfloat16 this halves what crosses the object store."""
+    def weights(self, name: str) -> dict[str, torch.Tensor]:
+        """What the rollout engine needs for policy `name` (weight sync): its adapter, or the full
+        state dict, in the engine's dtype (bf16 halves what crosses the object store)."""
         dtype = torch.bfloat16 if self.autocast else None
-        return {k: v.detach().to(dtype) if dtype else v.detach() for k, v in self.model.state_dict().items()}
+        state = lora.adapter_state(self.model, name) if self.adapters else self.model.state_dict()
+        return {k: v.detach().to(dtype) if dtype else v.detach() for k, v in state.items()}
 
-    def save(self, path: str) -> None:
-        """Weights (safetensors), optimizer state, torch RNG state and version, for exact resume."""
-        from safetensors.torch import save_model
+    def save(self, name: str, path: str) -> None:
+        """Policy `name`'s weights or adapter (safetensors), its optimizer state, the torch RNG."""
+        from safetensors.torch import save_file, save_model
 
         os.makedirs(path, exist_ok=True)
-        save_model(self.model, os.path.join(path, "model.safetensors"))
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version},
-            os.path.join(path, "learner.pt"),
-        )
+        if self.adapters:
+            tensors = {k: v.contiguous() for k, v in lora.adapter_state(self.model, name).items()}
+            save_file(tensors, os.path.join(path, "adapter.safetensors"))
+            with open(os.path.join(path, "adapter.json"), "w") as handle:
+                json.dump(self.adapters[name], handle)
+        else:
+            save_model(self.model, os.path.join(path, "model.safetensors"))
+        torch.save({"optimizer": self.optimizers[name].state_dict(), "torch_rng": torch.get_rng_state(),
+                    "version": self.version}, os.path.join(path, "learner.pt"))
 
-    def load(self, path: str) -> int:
-        from safetensors.torch import load_model
+    def load(self, name: str, path: str, optimizer: bool = True) -> int:
+        """Load policy `name` from a saved folder; `optimizer=False` (init_from) loads weights only."""
+        from safetensors.torch import load_file, load_model
 
-        load_model(self.model, os.path.join(path, "model.safetensors"))
-        state = torch.load(os.path.join(path, "learner.pt"), weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        self.version = state["version"]
+        adapter_file = os.path.join(path, "adapter.safetensors")
+        if self.adapters:
+            if not os.path.isfile(adapter_file):
+                raise FileNotFoundError(f"{path}: no adapter.safetensors (policy '{name}' is a LoRA adapter)")
+            lora.load_adapter_state(self.model, name, load_file(adapter_file))
+        else:
+            if not os.path.isfile(os.path.join(path, "model.safetensors")):
+                raise FileNotFoundError(f"{path}: no model.safetensors (policy '{name}' is a full model)")
+            load_model(self.model, os.path.join(path, "model.safetensors"))
+        if optimizer:
+            state = torch.load(os.path.join(path, "learner.pt"), weights_only=True)
+            self.optimizers[name].load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["torch_rng"])
+            self.version = state["version"]
         return self.version
 
     def ready(self) -> bool:

@@ -29,7 +29,7 @@ def set_threads(threads: int) -> None:
 
 
 class HFEngine:
-    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0):
+    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, dict] | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging
 
@@ -41,6 +41,11 @@ class HFEngine:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.adapters = adapters or {}
+        if self.adapters:
+            from mas_lab import lora
+
+            self.model = lora.attach(self.model, self.adapters)
         self.model.eval()
         self.eos_ids = {self.tokenizer.eos_token_id}
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
@@ -51,9 +56,14 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[dict[str, str]]], n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int) -> list[list[Generation]]:
-        """For each prompt, n candidates. Seeded per call, so a step's samples are reproducible."""
+                 max_new_tokens: int, seed: int, policy: str | None = None) -> list[list[Generation]]:
+        """For each prompt, n candidates. Seeded per call, so a step's samples are reproducible.
+        With per-role adapters, `policy` names the adapter to generate with."""
         started = time.perf_counter()
+        if self.adapters:
+            from mas_lab import lora
+
+            lora.use(self.model, policy)
         encoded = [self.encode(messages) for messages in prompts]
         width = max(len(ids) for ids in encoded)
         pad = self.tokenizer.pad_token_id
@@ -92,5 +102,10 @@ class HFEngine:
                 return response[: i + 1]
         return response
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state, strict=False)
+    def load_weights(self, state: dict[str, torch.Tensor], policy: str | None = None) -> None:
+        if self.adapters:
+            from mas_lab import lora
+
+            lora.load_adapter_state(self.model, policy, state)
+        else:
+            self.model.load_state_dict(state)

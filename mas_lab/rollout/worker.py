@@ -5,16 +5,18 @@ from mas_lab.rollout.engine import Generation, HFEngine
 
 
 class RolloutWorker:
-    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0):
-        self.engine = HFEngine(model_dir, dtype=dtype, threads=threads)
+    """Serves one base model: a single full policy, or several policies as LoRA adapters."""
+
+    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict | None = None):
+        self.engine = HFEngine(model_dir, dtype=dtype, threads=threads, adapters=adapters)
         self.version = 0
 
-    def generate(self, prompts, n, temperature, top_p, max_new_tokens, seed) -> list[list[Generation]]:
-        return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens, seed)
+    def generate(self, policy, prompts, n, temperature, top_p, max_new_tokens, seed) -> list[list[Generation]]:
+        return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens, seed, policy)
 
-    def load_weights(self, state, version: int) -> int:
-        """Receive the learner's new weights (weight sync after each step)."""
-        self.engine.load_weights(state)
+    def load_weights(self, policy: str, state, version: int) -> int:
+        """Receive a learner's new weights or adapter (weight sync after each step)."""
+        self.engine.load_weights(state, policy)
         self.version = version
         return version
 
