@@ -234,6 +234,100 @@ def replay(
     sys.stdout.write(format_episode(record))
 
 
+@app.command("eval")
+def evaluate(
+    task_file: Path = typer.Argument(..., help="task file (tasks/*.yaml)"),
+    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/step-N)"),
+    mode: Optional[str] = typer.Option(None, "--mode", help="mas or single_agent (default: the task's own)"),
+    swap: bool = typer.Option(False, "--swap-policies", help="rotate the role -> policy map (two roles: swap)"),
+    problems: Optional[int] = typer.Option(None, "--problems", help="held-out problems (default: train.eval_problems)"),
+    samples: int = typer.Option(1, "--samples", min=1, help="1: greedy; S > 1: S sampled trajectories per problem"),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="override a field: key.path=value (repeatable)"),
+    no_ray: bool = typer.Option(False, "--no-ray", help="run the actors in-process"),
+) -> None:
+    """Evaluate a task's team (or single agent) on fixed held-out problems; print a table."""
+    from mas_lab import checkpoint as checkpoints
+    from mas_lab.config import as_mode, swap_policies
+
+    overrides = list(set_ or []) + ([f"train.eval_problems={problems}"] if problems is not None else [])
+    try:
+        task = load_task(task_file, overrides)
+        if mode is not None:
+            task = as_mode(task, mode)
+        if swap:
+            if len({r.policy for r in task.roles}) < 2:
+                _fail(f"{task_file}: --swap-policies needs roles with different policies")
+            task = swap_policies(task)
+    except TaskFileError as exc:
+        _fail(str(exc))
+    folder = None
+    if checkpoint_dir is not None:
+        try:
+            if (checkpoint_dir / "manifest.json").is_file():
+                checkpoints.verify(checkpoint_dir)
+        except checkpoints.CheckpointError as exc:
+            _fail(str(exc))
+        folder = checkpoint_dir / "policies" if (checkpoint_dir / "policies").is_dir() else checkpoint_dir
+        missing = [p for p in task.policies if not (folder / p).is_dir()]
+        if missing:
+            found = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+            _fail(f"{checkpoint_dir}: no saved policy {missing}; it has {found}")
+    from mas_lab.backend import Backend
+    from mas_lab.controller import Controller
+    from mas_lab.store import RunStore
+    from mas_lab.tracking import Tracker
+
+    task = task.model_copy(update={"name": f"eval-{task.name}"})
+    run_dir = _new_run_dir(task)
+    (run_dir / "task.yaml").write_text(task_to_yaml(task))
+    store = RunStore(run_dir / "run.db")
+    tracker = Tracker(task.tracking.mlflow_uri, task.tracking.experiment, run_dir.name)
+    settings = {"checkpoint": str(checkpoint_dir or ""), "mode": mode or task.algorithm.mode, "swap_policies": str(swap),
+                "samples": str(samples)}
+    tracker.log_params({**flat_params(task), **{f"eval.{k}": v for k, v in settings.items()}})
+    tracker.set_tag("mas_lab.kind", "eval")
+    store.set_meta(run_id=run_dir.name, kind="eval", task=task.model_dump(mode="json"), mlflow_run_id=tracker.run_id,
+                   status="running", **settings)
+    backend = None
+    try:
+        with console.status("starting actors and loading models ..."):
+            backend = Backend(task, use_ray=not no_ray)
+            if folder is not None:
+                backend.load_policies(folder, 0, optimizer=False)
+        metrics = Controller(task, backend, store, tracker).evaluate(0, samples)
+        tracker.log_metrics(0, metrics)
+        store.set_meta(status="finished")
+        tracker.finish("FINISHED")
+    except BaseException:
+        store.set_meta(status="failed")
+        tracker.finish("FAILED")
+        raise
+    finally:
+        if backend is not None:
+            backend.shutdown()
+    _print_eval(task, run_dir, metrics, samples)
+
+
+def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int) -> None:
+    from rich.table import Table
+
+    n = len(task.roles)
+    table = Table(title=f"{task.name}: {task.train.eval_problems} held-out problems x {samples} "
+                        f"({'greedy' if samples == 1 else 'sampled'}), {n} role{'s' * (n > 1)}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("success rate", f"{metrics['eval/success_rate']:.3f}")
+    table.add_row("95% interval", f"[{metrics['eval/success_ci_low']:.3f}, {metrics['eval/success_ci_high']:.3f}]")
+    table.add_row("mean turns", f"{metrics['eval/turns']:.2f}")
+    table.add_row("mean final team reward", f"{metrics['eval/team_reward']:.3f}")
+    for role in task.roles:
+        table.add_row(f"mean reward: {role.name} ({role.policy})", f"{metrics.get(f'eval/reward/{role.name}', math.nan):.3f}")
+    table.add_row("seconds", f"{metrics['eval/time']:.1f}")
+    Console(soft_wrap=True).print(table)
+    print(json.dumps({"run_dir": str(run_dir), **{k.removeprefix("eval/"): v for k, v in metrics.items()
+                                                  if k.count("/") == 1}}))
+
+
 def _control(run_dir: Path):
     from mas_lab.control import RunControl
     from mas_lab.store import RunStore

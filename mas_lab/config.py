@@ -203,6 +203,8 @@ def as_mode(task: TaskConfig, mode: str) -> TaskConfig:
         data["algorithm"]["mode"] = "at_grpo"
     elif mode not in ("mas", "single_agent"):
         raise TaskFileError(f"unknown evaluation mode '{mode}'; allowed: ['mas', 'single_agent']")
+    used = {r["policy"] for r in data["roles"]}
+    data["policies"] = {name: p for name, p in data["policies"].items() if name in used}
     return TaskConfig.model_validate(data)
 
 

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from mas_lab import checkpoint
-from mas_lab.algo import build_groups, filter_groups, group_stats, grpo_advantages
+from mas_lab.algo import build_groups, build_trajectory_groups, filter_groups, group_stats, grpo_advantages
 from mas_lab.config import TaskConfig
 from mas_lab.control import RunControl
 from mas_lab.envs import ENVS, ProblemPool
@@ -31,13 +32,29 @@ class StepResult:
     metrics: dict[str, float]
 
 
-def compute_advantages(episodes: list[Episode], k: int, eps: float):
-    """Build the groups of a step, check their invariants, and set each candidate's advantage."""
-    groups = build_groups([c for e in episodes for t in e.turns for c in t.candidates], k)
+def compute_advantages(episodes: list[Episode], k: int, eps: float, mode: str = "at_grpo"):
+    """Build the groups of a step, check their invariants, and set each candidate's advantage.
+
+    at_grpo: groups (problem, agent, turn) of K candidates from one observation (Sec. 4.1).
+    mas_grpo / single_agent: groups (problem) of K independent trajectories."""
+    if mode == "at_grpo":
+        groups = build_groups([c for e in episodes for t in e.turns for c in t.candidates], k)
+    else:
+        trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
+        groups = build_trajectory_groups(trajectories, k)
     for group in groups:
-        for candidate, advantage in zip(group.members, grpo_advantages(group.rewards, eps)):
-            candidate.advantage = advantage
+        group.set_advantages(grpo_advantages(group.rewards, eps))
     return groups
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
@@ -93,13 +110,18 @@ class Controller:
         task, algo = self.task, self.task.algorithm
         started_wall = time.time()
         started = time.perf_counter()
-        episodes = [Episode(i, p, self.pool.make(p)) for i, p in enumerate(self.next_problems())]
+        problems = self.next_problems()
         timing = Timing()
         on_turn = (lambda t, r: progress({"phase": f"rollout t{t} {r}", "step": step})) if progress else None
-        tree_rollout(task, episodes, self.generate, algo.k, call_seed(task.train.seed, "step", step),
-                     timing=timing, on_turn=on_turn)
+        seed = call_seed(task.train.seed, "step", step)
+        if algo.mode == "at_grpo":  # tree sampling: K candidates per (turn, agent), best one continues
+            episodes = [Episode(i, p, self.pool.make(p)) for i, p in enumerate(problems)]
+            tree_rollout(task, episodes, self.generate, algo.k, seed, timing=timing, on_turn=on_turn)
+        else:  # K independent trajectories per problem, no branching
+            episodes = [Episode(i * algo.k + j, p, self.pool.make(p)) for i, p in enumerate(problems) for j in range(algo.k)]
+            tree_rollout(task, episodes, self.generate, 1, seed, timing=timing, on_turn=on_turn)
 
-        groups = compute_advantages(episodes, algo.k, algo.std_eps)
+        groups = compute_advantages(episodes, algo.k, algo.std_eps, algo.mode)
         kept, report = filter_groups(groups, algo.filter)
         kept_keys = {g.key for g in kept}
         samples: dict[str, list[dict]] = {name: [] for name in task.policies}
@@ -142,15 +164,19 @@ class Controller:
         self.store.write_step(step, started_wall, episodes, "train", stats, metrics)
         return StepResult(step, episodes, metrics)
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy multi-agent episodes on the held-out problems (K = 1: one trajectory each)."""
+    def evaluate(self, step: int, samples: int = 1) -> dict[str, float]:
+        """Episodes on the fixed held-out problems, one trajectory each (K = 1): greedy when
+        `samples` is 1, else `samples` sampled trajectories per problem at the roles' settings.
+        Success rate with a 95% Wilson interval, mean turns, mean reward per role."""
         problems = self.pool.eval_set
         if not problems:
             return {}
         started_wall, started = time.time(), time.perf_counter()
-        episodes = [Episode(i, p, self.pool.make(p)) for i, p in enumerate(problems)]
-        tree_rollout(self.task, episodes, self.generate, 1, call_seed(self.task.train.seed, "eval"), greedy=True)
+        episodes = [Episode(i * samples + j, p, self.pool.make(p)) for i, p in enumerate(problems) for j in range(samples)]
+        tree_rollout(self.task, episodes, self.generate, 1, call_seed(self.task.train.seed, "eval"), greedy=samples == 1)
         metrics = reward_metrics(episodes, prefix="eval/")
+        low, high = wilson_interval(sum(e.success for e in episodes), len(episodes))
+        metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
         metrics["eval/time"] = time.perf_counter() - started
         self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
         self.store.event(step, "eval", f"success {metrics['eval/success_rate']:.3f} on {len(episodes)} problems")

@@ -5,7 +5,8 @@ from mas_lab.rollout.engine import Generation
 
 
 class FakeEngine:
-    """Candidate c of every prompt answers `script(c, n)`; default: c letters 'a', rest 'b'."""
+    """Candidate c of every prompt answers `script(c, n)`; default: c letters 'a', rest 'b'.
+    A script taking a third argument also gets the prompt's row in the batch."""
 
     def __init__(self, script=None):
         self.script = script or (lambda c, n: "a" * c + "b" * (n - 1 - c) or "b")
@@ -14,11 +15,14 @@ class FakeEngine:
     def __call__(self, policy, prompts, n, sampling, seed):
         self.calls.append({"policy": policy, "prompts": prompts, "n": n, "seed": seed})
         out = []
-        for messages in prompts:
+        import inspect
+
+        by_row = len(inspect.signature(self.script).parameters) == 3
+        for position, messages in enumerate(prompts):
             prompt_ids = [ord(ch) for m in messages for ch in m["content"]]
             row = []
             for c in range(n):
-                text = self.script(c, n)
+                text = self.script(c, n, position) if by_row else self.script(c, n)
                 row.append(Generation(prompt_ids=list(prompt_ids), response_ids=[ord(ch) for ch in text], text=text))
             out.append(row)
         return out

@@ -51,12 +51,22 @@ class Candidate:
 
 @dataclass
 class Group:
+    """K units that share one baseline. Under AT-GRPO a unit is one candidate and the key is
+    (problem, agent, turn); under trajectory-level GRPO (mas_grpo, single_agent) a unit is one
+    whole trajectory, its reward the mean of its actions' rewards, and the key (problem, '*', -1)."""
+
     key: tuple[str, str, int]
-    members: list[Candidate]
+    units: list[list[Candidate]]
+    rewards: list[float]
 
     @property
-    def rewards(self) -> list[float]:
-        return [c.reward for c in self.members]
+    def members(self) -> list[Candidate]:
+        return [c for unit in self.units for c in unit]
+
+    def set_advantages(self, advantages: list[float]) -> None:
+        for unit, advantage in zip(self.units, advantages):
+            for candidate in unit:
+                candidate.advantage = advantage
 
 
 def build_groups(candidates: list[Candidate], k: int) -> list[Group]:
@@ -72,13 +82,34 @@ def build_groups(candidates: list[Candidate], k: int) -> list[Group]:
             raise GroupError(f"group {key} mixes prompts: its candidates did not share one observation")
         if sorted(m.index for m in members) != list(range(k)):
             raise GroupError(f"group {key} has duplicated or missing candidate indices")
-        groups.append(Group(key, sorted(members, key=lambda m: m.index)))
+        members = sorted(members, key=lambda m: m.index)
+        groups.append(Group(key, [[m] for m in members], [m.reward for m in members]))
+    return groups
+
+
+TRAJECTORY = ("*", -1)  # the (agent, turn) part of a trajectory-level group's key
+
+
+def build_trajectory_groups(trajectories: list[tuple[str, list[Candidate]]], k: int) -> list[Group]:
+    """Trajectory-level groups (plain GRPO applied to a MAS, AT_GRPO.md "Baselines"): the K
+    independent trajectories of one problem form its group; R = mean reward of a trajectory."""
+    by_problem: dict[str, list[list[Candidate]]] = {}
+    for problem_id, candidates in trajectories:
+        if not candidates:
+            raise GroupError(f"a trajectory of problem {problem_id} has no actions")
+        by_problem.setdefault(problem_id, []).append(candidates)
+    groups = []
+    for problem_id, units in by_problem.items():
+        if len(units) != k:
+            raise GroupError(f"problem {problem_id} has {len(units)} trajectories, expected exactly K={k}")
+        returns = [statistics.fmean(c.reward for c in unit) for unit in units]
+        groups.append(Group((problem_id, *TRAJECTORY), units, returns))
     return groups
 
 
 def group_stats(group: Group) -> dict[str, float]:
     rewards = group.rewards
-    advantages = [m.advantage for m in group.members]
+    advantages = [unit[0].advantage for unit in group.units]
     return {
         "n": len(rewards),
         "reward_mean": statistics.fmean(rewards),
