@@ -181,7 +181,8 @@ class PlanPathEnv(Env):
     def _act_tool(self, action: str) -> StepResult:
         self.tool_code = extract_code(action)
         wall = float(self.params.get("tool_timeout_s", 3.0))
-        result = run_python(self.tool_code, Limits(wall_s=wall, cpu_s=max(1, int(wall)), output_chars=2000))
+        # the wall limit decides; the CPU limit (one second later) is only a backstop
+        result = run_python(self.tool_code, Limits(wall_s=wall, cpu_s=int(wall) + 1, output_chars=2000))
         self.tool_output = result.stdout if result.ok else f"[{result.status}] {result.stderr[-300:]}"
         ran = 1.0 if result.ok else 0.0
         moves = parse_moves(result.stdout) if result.ok else []
