@@ -24,7 +24,12 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _new_run_dir(task: TaskConfig) -> Path:
+def _new_run_dir(task: TaskConfig, explicit: Path | None = None) -> Path:
+    if explicit is not None:
+        if (explicit / "run.db").exists():
+            _fail(f"{explicit}: already holds a run; continue it with --resume {explicit}")
+        explicit.mkdir(parents=True, exist_ok=True)
+        return explicit
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(task.tracking.runs_dir) / f"{task.name}-{stamp}-{secrets.token_hex(2)}"
     run_dir.mkdir(parents=True)
@@ -38,6 +43,7 @@ def run(
     address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster instead of starting one"),
     no_ray: bool = typer.Option(False, "--no-ray", help="run the actors in-process (debugging)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue this run folder from its last checkpoint"),
+    run_dir_option: Optional[Path] = typer.Option(None, "--run-dir", help="put the new run in this folder"),
 ) -> None:
     """Train a task headless, with a progress bar and a summary at the end."""
     overrides = list(set_ or [])
@@ -52,7 +58,7 @@ def run(
             task = load_task(task_file, overrides)
         except TaskFileError as exc:
             _fail(str(exc))
-        run_dir, store, tracker = _new_run(task, task_file)
+        run_dir, store, tracker = _new_run(task, task_file, run_dir_option)
         last = None
     from mas_lab.backend import Backend
     from mas_lab.controller import Controller
@@ -83,11 +89,11 @@ def run(
     _print_summary(task, run_dir, store, tracker, summary)
 
 
-def _new_run(task: TaskConfig, task_file: Path):
+def _new_run(task: TaskConfig, task_file: Path, explicit: Path | None = None):
     from mas_lab.store import RunStore
     from mas_lab.tracking import Tracker
 
-    run_dir = _new_run_dir(task)
+    run_dir = _new_run_dir(task, explicit)
     (run_dir / "task.yaml").write_text(task_to_yaml(task))
     store = RunStore(run_dir / "run.db")
     tracker = Tracker(task.tracking.mlflow_uri, task.tracking.experiment, run_dir.name)
@@ -230,7 +236,10 @@ def replay(
     if record is None:
         _fail(f"{run_dir}: no {kind} episode {episode} at step {step}")
     if not text:
-        console.print("the interactive replay screen is not built yet; printing text", highlight=False)
+        from tui.app import MasLabApp
+
+        MasLabApp(run_dir, "replay").run()
+        return
     sys.stdout.write(format_episode(record))
 
 
@@ -326,6 +335,39 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int) ->
     Console(soft_wrap=True).print(table)
     print(json.dumps({"run_dir": str(run_dir), **{k.removeprefix("eval/"): v for k, v in metrics.items()
                                                   if k.count("/") == 1}}))
+
+
+@app.command()
+def tui(
+    target: Path = typer.Argument(..., help="a task file (starts a run) or a run folder (live or replay)"),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="override a task field: key.path=value"),
+) -> None:
+    """The dashboard. A task file starts `mas-lab run` in the background and shows it live; a run
+    folder opens live while its run is running, in replay once it has finished (no Ray needed)."""
+    from tui.app import MasLabApp, mode_for, start_run
+
+    if target.is_dir():
+        if not (target / "run.db").is_file():
+            _fail(f"{target}: not a run folder (no run.db)")
+        MasLabApp(target, mode_for(target)).run()
+        return
+    try:
+        task = load_task(target, list(set_ or []))
+    except TaskFileError as exc:
+        _fail(str(exc))
+    import time
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(task.tracking.runs_dir) / f"{task.name}-{stamp}-{secrets.token_hex(2)}"
+    process = start_run(target, list(set_ or []), run_dir)
+    while not (run_dir / "run.db").is_file():
+        if process.poll() is not None:
+            _fail(f"the run ended at start; see {run_dir / 'run.log'}")
+        time.sleep(0.2)
+    MasLabApp(run_dir, "live").run()
+    if process.poll() is None:
+        console.print(f"the run goes on in the background: mas-lab tui {run_dir}  |  mas-lab stop {run_dir}",
+                      highlight=False, soft_wrap=True)
 
 
 def _control(run_dir: Path):

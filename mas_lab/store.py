@@ -39,10 +39,16 @@ CREATE INDEX IF NOT EXISTS groups_step ON groups (step);
 
 
 class RunStore:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, create: bool = True):
+        """`create=False` opens an existing store for reading without touching its schema."""
         self.path = Path(path)
+        if not create:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"{self.path}: no run store")
+            self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, check_same_thread=False)
+        self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
         self.db.commit()
@@ -146,6 +152,58 @@ class RunStore:
             for c in turn["candidates"]:
                 c["components"] = json.loads(c["components"])
         return episode
+
+    # --- views for replay and the dashboard (each loads one step or one episode: lazy by design) --
+    def steps(self) -> list[int]:
+        return [s for (s,) in self.db.execute("SELECT step FROM steps ORDER BY step")]
+
+    def train_steps(self) -> list[int]:
+        return [s for (s,) in self.db.execute("SELECT DISTINCT step FROM episodes WHERE kind = 'train' ORDER BY step")]
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return list(self.db.execute("SELECT step, value FROM metrics WHERE key = ? ORDER BY step", (key,)))
+
+    def metric_keys(self) -> list[str]:
+        return [k for (k,) in self.db.execute("SELECT DISTINCT key FROM metrics ORDER BY key")]
+
+    def events(self, after_ts: float = 0.0) -> list[dict[str, Any]]:
+        return self.rows("SELECT ts, step, kind, message FROM events WHERE ts > ? ORDER BY ts", after_ts)
+
+    def groups(self, step: int) -> list[dict[str, Any]]:
+        return self.rows("SELECT * FROM groups WHERE step = ? ORDER BY problem_id, turn, role", step)
+
+    def group_aggregate(self) -> list[dict[str, Any]]:
+        """Per (agent, turn) over all steps: how many groups, their mean reward and zero-std share,
+        first and last step, so one sees which role at which turn stops carrying signal."""
+        return self.rows(
+            "SELECT role, turn, COUNT(*) AS groups, AVG(reward_mean) AS reward_mean, AVG(reward_std) AS reward_std,"
+            " AVG(zero_std) AS zero_std_frac, MIN(step) AS first_step, MAX(step) AS last_step"
+            " FROM groups GROUP BY role, turn ORDER BY turn, role"
+        )
+
+    def group_candidates(self, step: int, problem_id: str, role: str, turn: int) -> list[dict[str, Any]]:
+        """The candidates of one group (for a trajectory group, every action of its trajectories)."""
+        query = (
+            "SELECT e.idx AS episode, t.turn, t.role, c.* FROM candidates c JOIN turns t ON c.turn_id = t.id"
+            " JOIN episodes e ON t.episode_id = e.id WHERE e.step = ? AND e.kind = 'train' AND e.problem_id = ?"
+        )
+        args: list[Any] = [step, problem_id]
+        if role != "*":
+            query += " AND t.role = ? AND t.turn = ?"
+            args += [role, turn]
+        return self.rows(query + " ORDER BY e.idx, t.id, c.idx", *args)
+
+    def episode_indices(self, step: int, kind: str = "train") -> list[int]:
+        return [i for (i,) in self.db.execute("SELECT idx FROM episodes WHERE step = ? AND kind = ? ORDER BY idx", (step, kind))]
+
+    def search(self, text: str, kind: str = "train") -> list[dict[str, Any]]:
+        """(step, episode, turn row) of every turn whose observation or a candidate mentions `text`."""
+        like = f"%{text}%"
+        return self.rows(
+            "SELECT DISTINCT e.step, e.idx AS episode, t.id AS turn_id FROM turns t JOIN episodes e ON t.episode_id = e.id"
+            " LEFT JOIN candidates c ON c.turn_id = t.id WHERE e.kind = ? AND (t.observation LIKE ? OR c.response LIKE ?)"
+            " ORDER BY e.step, e.idx, t.id", kind, like, like,
+        )
 
     def close(self) -> None:
         self.db.close()

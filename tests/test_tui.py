@@ -1,0 +1,200 @@
+"""The dashboard, driven with Textual's Pilot on stores made by real tiny-model runs."""
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mas_lab.control import RunControl
+from mas_lab.store import RunStore
+from tui.app import MasLabApp, mode_for, start_run
+
+from conftest import ROOT
+
+MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
+SIZE = (150, 50)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("tui")
+    proc = subprocess.run([MAS_LAB, "run", str(ROOT / "tasks" / "toy.yaml"), "--no-ray", "--set", "train.steps=3"],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cwd / json.loads(proc.stdout.splitlines()[-1])["run_dir"]
+
+
+def text(app, selector: str) -> str:
+    return str(app.screen.query_one(selector).render())
+
+
+async def until(pilot, predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_finished_run_opens_in_replay(finished):
+    assert mode_for(finished) == "replay"
+
+
+def test_replay_keys_walk_steps_episodes_turns_and_agents(finished):
+    async def go():
+        app = MasLabApp(finished, "replay")
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert "step 1 (1/3)" in text(app, "#where") and "turn 0   agent first" in text(app, "#where")
+            assert "8 candidates" in text(app, "#candidates") and "observation of first at turn 0" in text(app, "#observation")
+            await pilot.press("right_square_bracket")
+            assert "step 2 (2/3)" in text(app, "#where")
+            await pilot.press("full_stop")
+            assert "episode 1 (2/4" in text(app, "#where")
+            await pilot.press("j")
+            assert "turn 1   agent first" in text(app, "#where")
+            await pilot.press("l")
+            assert "turn 1   agent second" in text(app, "#where")
+            assert "first@1:" in text(app, "#observation")  # the second agent sees the first's chosen action
+            await pilot.press("h")
+            assert "turn 1   agent first" in text(app, "#where")
+            await pilot.press("k")
+            assert "turn 0   agent first" in text(app, "#where")
+            await pilot.press("left_square_bracket")
+            assert "step 1 (1/3)" in text(app, "#where")
+            assert text(app, "#candidates").count("* candidate") == 1  # the chosen one is marked
+            assert "state after the chosen action" in text(app, "#state")
+
+    asyncio.run(go())
+
+
+def test_next_zero_std_group_search_and_compare(finished):
+    store = RunStore(finished / "run.db")
+
+    async def go():
+        app = MasLabApp(finished, "replay")
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("n")
+            shown = app.screen.current
+            rewards = {c["reward"] for c in shown["candidates"]}
+            assert len(rewards) == 1, "n must land on a group whose rewards are all equal"
+            await pilot.press("slash")
+            await pilot.pause()
+            await pilot.press(*"second: write")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert "agent second" in text(app, "#where") and "second: write" in text(app, "#observation")
+            await pilot.press("c")
+            await pilot.pause()
+            assert type(app.screen).__name__ == "CompareScreen"
+            best, worst = str(app.screen.query_one("#best").render()), str(app.screen.query_one("#worst").render())
+            reward = lambda s: float(s.split("reward ")[1].split()[0])
+            assert "best: candidate" in best and "worst: candidate" in worst and reward(best) >= reward(worst)
+            await pilot.press("escape")
+            assert type(app.screen).__name__ == "ReplayScreen"
+
+    asyncio.run(go())
+    assert store.rows("SELECT COUNT(*) AS n FROM groups WHERE zero_std = 1")[0]["n"] > 0
+
+
+def test_groups_screen_filters_sorts_and_opens_candidates(finished):
+    store = RunStore(finished / "run.db")
+
+    async def go():
+        app = MasLabApp(finished, "groups")
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            table = app.screen.query_one("#groups")
+            assert table.row_count == len(store.groups(1)) == 16
+            await pilot.press("a")
+            assert "agent: first" in text(app, "#groups-title")
+            assert all(r["role"] == "first" for r in app.screen.shown) and table.row_count == 8
+            await pilot.press("t")
+            assert "turn: 0" in text(app, "#groups-title") and table.row_count == 4
+            await pilot.press("s")
+            assert "sort: reward_mean" in text(app, "#groups-title")
+            means = [r["reward_mean"] for r in app.screen.shown]
+            assert means == sorted(means, reverse=True)
+            await pilot.press("right_square_bracket")
+            assert "groups of step 2" in text(app, "#groups-title")
+            assert app.screen.query_one("#aggregate").row_count == 4  # (first, second) x (turn 0, 1)
+            await pilot.press("enter")
+            await pilot.pause()
+            assert type(app.screen).__name__ == "CandidatesScreen"
+            assert app.screen.query_one("#candidates").row_count == 8  # K
+
+    asyncio.run(go())
+
+
+def test_live_screen_of_a_finished_run_shows_charts_and_events(finished):
+    async def go():
+        app = MasLabApp(finished, "live")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: "step 3/3" in text(app, "#run-header"), what="the header")
+            assert "FINISHED" in text(app, "#run-header")
+            keys = {chart.key for chart in app.screen.query("Chart")}
+            assert {"reward/mean", "reward/first", "reward/second", "eval/success_rate", "loss/shared", "zero_std_frac",
+                    "time/step"} <= keys
+            log = "\n".join(str(line.text) for line in app.screen.query_one("#events").lines)
+            assert "checkpoint" in log and "eval" in log
+            assert "rollout" in text(app, "#split")
+
+    asyncio.run(go())
+
+
+def _step(app) -> int:
+    header = text(app, "#run-header")
+    return int(header.split("step ")[1].split("/")[0]) if "step " in header else -1
+
+
+def test_pause_and_resume_from_the_dashboard_of_a_run_in_another_process(tmp_path):
+    proc = subprocess.Popen([MAS_LAB, "run", str(ROOT / "tasks" / "toy.yaml"), "--no-ray", "--set", "train.steps=500",
+                             "--set", "checkpoint.every=0", "--run-dir", "runs/live"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "runs" / "live"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "run.db").is_file() or not RunControl(RunStore(run_dir / "run.db", create=False)).status()["running"]:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        assert mode_for(run_dir) == "live"
+
+        async def go():
+            app = MasLabApp(run_dir, "live")
+            async with app.run_test(size=SIZE) as pilot:
+                await until(pilot, lambda: _step(app) >= 2, what="step 2")
+                await pilot.press("p")
+                assert "pause requested" in text(app, "#pending")
+                await until(pilot, lambda: "PAUSED" in text(app, "#run-header"), what="paused")
+                held = _step(app)
+                await pilot.pause(2.0)
+                assert _step(app) == held, "the step counter moved while paused"
+                assert str(app.screen.query_one("#pause").label) == "Resume"
+                await pilot.click("#pause")
+                await until(pilot, lambda: _step(app) > held, what="a step after resume")
+                assert "RUNNING" in text(app, "#run-header")
+
+        asyncio.run(go())
+        RunControl(RunStore(run_dir / "run.db", create=False)).stop()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_tui_with_a_task_file_starts_the_run_in_the_background(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "started"
+    proc = start_run(ROOT / "tasks" / "toy.yaml", ["train.steps=2", "resources.torch_threads=1"], run_dir)
+    try:
+        assert proc.wait(timeout=300) == 0, (run_dir / "run.log").read_text()[-2000:]
+        assert RunStore(run_dir / "run.db").meta()["status"] == "finished"
+        assert "summary" in (run_dir / "run.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,221 @@
+"""The replay screen: a stored episode turn by turn and agent by agent, with every candidate.
+
+Only the episode on screen is loaded, so a store of any size opens at once."""
+from __future__ import annotations
+
+import json
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Header, Input, Label, OptionList, Static
+
+
+def candidate_text(c: dict, label: str = "") -> Text:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in c["components"].items())
+    head = (f"{'* ' if c['chosen'] else '  '}{label}candidate {c['idx']}  reward {c['reward']:.3f} (team {c['team']:.3f}, "
+            f"local {c['local']:.3f}; {parts})  advantage {c['advantage']:+.3f}  tokens {c['response_tokens']}")
+    text = Text(head + "\n", style="bold green" if c["chosen"] else "bold")
+    text.append((c["response"] or "(empty)") + "\n")
+    if c["info"]:
+        text.append(f"-> {c['info']}\n", style="dim")
+    return text
+
+
+class SearchScreen(ModalScreen[str]):
+    BINDINGS = [Binding("escape", "dismiss('')", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="search-box"):
+            yield Label("search observations and responses:")
+            yield Input(placeholder="text", id="search")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+
+class CompareScreen(ModalScreen):
+    """The best and the worst candidate of one group, side by side."""
+
+    BINDINGS = [Binding("escape", "dismiss", "Close"), Binding("c", "dismiss", "Close")]
+
+    def __init__(self, best: dict, worst: dict) -> None:
+        super().__init__()
+        self.best, self.worst = best, worst
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="compare"):
+            yield VerticalScroll(Static(candidate_text(self.best, "best: "), id="best"))
+            yield VerticalScroll(Static(candidate_text(self.worst, "worst: "), id="worst"))
+
+
+class ReplayScreen(Screen):
+    BINDINGS = [
+        Binding("left_square_bracket", "step(-1)", "Prev step"),
+        Binding("right_square_bracket", "step(1)", "Next step"),
+        Binding("comma", "episode(-1)", "Prev episode"),
+        Binding("full_stop", "episode(1)", "Next episode"),
+        Binding("j", "turn(1)", "Next turn"),
+        Binding("k", "turn(-1)", "Prev turn"),
+        Binding("h", "agent(-1)", "Prev agent"),
+        Binding("l", "agent(1)", "Next agent"),
+        Binding("n", "next_zero_std", "Next zero-std"),
+        Binding("slash", "search", "Search"),
+        Binding("c", "compare", "Compare"),
+        Binding("g", "app.switch_mode('groups')", "Groups"),
+        Binding("v", "app.switch_mode('live')", "Live"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[int] = []
+        self.step_index = 0
+        self.episodes: list[int] = []
+        self.episode_index = 0
+        self.episode: dict | None = None
+        self.pos = 0  # index into the episode's (turn, agent) rows
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("", id="where")
+        with Horizontal(id="replay-body"):
+            yield OptionList(id="turns")
+            with VerticalScroll(id="main"):
+                yield Static("", id="observation")
+                yield Static("", id="candidates")
+                yield Static("", id="state")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.steps = self.app.store.train_steps()
+        self.load_step(0)
+
+    def on_screen_resume(self) -> None:
+        steps = self.app.store.train_steps()
+        if steps != self.steps:
+            self.steps = steps
+            if self.episode is None:
+                self.load_step(0)
+
+    # --- loading ---------------------------------------------------------------------------------
+    @property
+    def step(self) -> int | None:
+        return self.steps[self.step_index] if self.steps else None
+
+    def load_step(self, index: int, episode: int = 0, pos: int = 0) -> None:
+        if not self.steps:
+            self.query_one("#where", Static).update("no training steps in this run yet")
+            return
+        self.step_index = max(0, min(len(self.steps) - 1, index))
+        self.episodes = self.app.store.episode_indices(self.step)
+        self.load_episode(min(episode, max(0, len(self.episodes) - 1)), pos)
+
+    def load_episode(self, index: int, pos: int = 0) -> None:
+        self.episode_index = index
+        self.episode = self.app.store.episode(self.step, self.episodes[index]) if self.episodes else None
+        turns = self.query_one("#turns", OptionList)
+        turns.clear_options()
+        if self.episode:
+            turns.add_options([f"t{t['turn']} {t['role']}" for t in self.episode["turns"]])
+        self.show(pos)
+
+    def show(self, pos: int) -> None:
+        rows = self.episode["turns"] if self.episode else []
+        if not rows:
+            return
+        self.pos = max(0, min(len(rows) - 1, pos))
+        row = rows[self.pos]
+        problem = json.loads(self.episode["problem"])
+        self.query_one("#where", Static).update(
+            f"step {self.step} ({self.step_index + 1}/{len(self.steps)})   episode {self.episode['idx']} "
+            f"({self.episode_index + 1}/{len(self.episodes)}, problem {self.episode['problem_id']})   turn {row['turn']}   "
+            f"agent {row['role']} (policy {row['policy']})   success {bool(self.episode['success'])}"
+        )
+        self.query_one("#turns", OptionList).highlighted = self.pos
+        self.query_one("#observation", Static).update(Text(f"observation of {row['role']} at turn {row['turn']}:\n",
+                                                           style="bold underline") + Text(row["observation"]))
+        text = Text(f"{len(row['candidates'])} candidates\n", style="bold underline")
+        for c in row["candidates"]:
+            text.append_text(candidate_text(c))
+        self.query_one("#candidates", Static).update(text)
+        self.query_one("#state", Static).update(Text("state after the chosen action:\n", style="bold underline")
+                                                + Text(row["state_after"] or json.dumps(problem)))
+
+    @property
+    def current(self) -> dict | None:
+        return self.episode["turns"][self.pos] if self.episode and self.episode["turns"] else None
+
+    # --- navigation ----------------------------------------------------------------------------------
+    def action_step(self, delta: int) -> None:
+        self.load_step(self.step_index + delta, self.episode_index)
+
+    def action_episode(self, delta: int) -> None:
+        if self.episodes:
+            self.load_episode(max(0, min(len(self.episodes) - 1, self.episode_index + delta)))
+
+    def action_turn(self, delta: int) -> None:
+        row = self.current
+        if row is None:
+            return
+        rows = self.episode["turns"]
+        target = row["turn"] + delta
+        same_role = [i for i, r in enumerate(rows) if r["turn"] == target and r["role"] == row["role"]]
+        any_role = [i for i, r in enumerate(rows) if r["turn"] == target]
+        if same_role or any_role:
+            self.show((same_role or any_role)[0])
+
+    def action_agent(self, delta: int) -> None:
+        row = self.current
+        rows = self.episode["turns"] if self.episode else []
+        target = self.pos + delta
+        if row is not None and 0 <= target < len(rows) and rows[target]["turn"] == row["turn"]:
+            self.show(target)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        # selected (enter or click), not highlighted: rebuilding the list highlights row 0 later
+        if event.option_index != self.pos:
+            self.show(event.option_index)
+
+    def jump_to_turn(self, turn_id: int) -> None:
+        found = self.app.store.rows("SELECT e.step, e.idx FROM turns t JOIN episodes e ON t.episode_id = e.id WHERE t.id = ?", turn_id)
+        if not found:
+            return
+        step, episode = found[0]["step"], found[0]["idx"]
+        self.load_step(self.steps.index(step), self.app.store.episode_indices(step).index(episode))
+        self.show(next(i for i, r in enumerate(self.episode["turns"]) if r["id"] == turn_id))
+
+    def action_next_zero_std(self) -> None:
+        """The next (turn, agent) after this one, in this or a later episode, whose K rewards are equal."""
+        after = self.current["id"] if self.current else 0
+        found = self.app.store.rows(
+            "SELECT t.id FROM turns t JOIN episodes e ON t.episode_id = e.id JOIN candidates c ON c.turn_id = t.id"
+            " WHERE e.kind = 'train' AND t.id > ? GROUP BY t.id HAVING COUNT(c.id) > 1 AND MAX(c.reward) = MIN(c.reward)"
+            " ORDER BY t.id LIMIT 1", after)
+        if found:
+            self.jump_to_turn(found[0]["id"])
+        else:
+            self.notify("no zero-std group after this one")
+
+    def action_search(self) -> None:
+        def done(text: str | None) -> None:
+            if not text:
+                return
+            hits = self.app.store.search(text)
+            after = self.current["id"] if self.current else 0
+            later = [h for h in hits if h["turn_id"] > after] or hits
+            if later:
+                self.jump_to_turn(later[0]["turn_id"])
+                self.notify(f"'{text}': {len(hits)} turns match")
+            else:
+                self.notify(f"'{text}' not found", severity="warning")
+
+        self.app.push_screen(SearchScreen(), done)
+
+    def action_compare(self) -> None:
+        row = self.current
+        if row is None or not row["candidates"]:
+            return
+        ranked = sorted(row["candidates"], key=lambda c: (c["reward"], -c["idx"]))
+        self.app.push_screen(CompareScreen(ranked[-1], ranked[0]))
