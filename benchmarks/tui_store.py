@@ -1,0 +1,67 @@
+"""Opening and scrolling a large run store in the dashboard, printed as JSON.
+
+    .venv/bin/python benchmarks/tui_store.py RUN_DIR [--scroll 50]
+
+Measures, with Textual's headless driver: time until the replay screen shows its first episode,
+time to open the groups screen, mean and max time per `]` (next step) over --scroll presses in
+each, and the process's peak resident memory.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+
+from mas_lab.store import RunStore
+from tui.app import MasLabApp
+
+
+async def measure(run_dir: Path, scroll: int) -> dict:
+    store = RunStore(run_dir / "run.db", create=False)
+    counts = store.rows("SELECT (SELECT COUNT(*) FROM candidates) AS candidates, (SELECT COUNT(*) FROM episodes) AS episodes,"
+                        " (SELECT COUNT(*) FROM groups) AS groups, (SELECT COUNT(*) FROM steps) AS steps")[0]
+    started = time.perf_counter()
+    app = MasLabApp(run_dir, "replay")
+    result = {**counts, "db_mb": round((run_dir / "run.db").stat().st_size / 2**20, 1)}
+    async with app.run_test(size=(160, 50)) as pilot:
+        while "step" not in str(app.screen.query_one("#where").render()):
+            await pilot.pause(0.01)
+        result["replay_first_paint_s"] = round(time.perf_counter() - started, 3)
+        times = []
+        for _ in range(scroll):
+            t = time.perf_counter()
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+            times.append(time.perf_counter() - t)
+        result["replay_next_step_mean_s"] = round(statistics.fmean(times), 4)
+        result["replay_next_step_max_s"] = round(max(times), 4)
+        t = time.perf_counter()
+        await pilot.press("g")
+        await pilot.pause()
+        result["groups_open_s"] = round(time.perf_counter() - t, 3)
+        times = []
+        for _ in range(scroll):
+            t = time.perf_counter()
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+            times.append(time.perf_counter() - t)
+        result["groups_next_step_mean_s"] = round(statistics.fmean(times), 4)
+        result["groups_next_step_max_s"] = round(max(times), 4)
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--scroll", type=int, default=50)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(measure(args.run_dir, args.scroll))))
+
+
+if __name__ == "__main__":
+    main()
