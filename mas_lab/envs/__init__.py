@@ -1,8 +1,10 @@
 """Environment registry: task-file `env.name` -> Env class."""
 from mas_lab.envs.base import Env, Problem, ProblemPool, StepResult
 from mas_lab.envs.plan_path import PlanPathEnv
+from mas_lab.envs.sokoban import SokobanEnv
+from mas_lab.envs.sudoku import SudokuEnv
 from mas_lab.envs.toy import ToyEnv
 
-ENVS: dict[str, type[Env]] = {"toy": ToyEnv, "plan_path": PlanPathEnv}
+ENVS: dict[str, type[Env]] = {"toy": ToyEnv, "plan_path": PlanPathEnv, "sokoban": SokobanEnv, "sudoku": SudokuEnv}
 
-__all__ = ["ENVS", "Env", "Problem", "ProblemPool", "StepResult", "PlanPathEnv", "ToyEnv"]
+__all__ = ["ENVS", "Env", "Problem", "ProblemPool", "StepResult", "PlanPathEnv", "SokobanEnv", "SudokuEnv", "ToyEnv"]

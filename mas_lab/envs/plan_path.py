@@ -1,19 +1,11 @@
 """Plan-Path: move from S to G on a grid with walls (paper Sec. 5, games / planning).
 
-Roles, in turn order (PAPER.md): the tool agent writes a short Python program that prints a
-list of moves; it is run in the sandbox and its output parsed. The planner sees the task, the
-tool's code and output, and answers with the moves that are executed on the live state.
+Tool agent + planner (envs/games.py): the tool's program prints a move list, the planner answers
+"Moves: ...", executed on the live state. Problems come from a seeded generator and are solvable
+by construction: the goal is chosen among cells that breadth-first search reaches from the start,
+and the shortest-path length is stored.
 
-Problems come from a seeded generator and are solvable by construction: the goal is chosen among
-cells that breadth-first search reaches from the start, and the shortest-path length is stored.
-
-Rewards (stored as separate components, alpha per role in the task file):
-- team (state): 1 if the goal is reached, else 0.5 * progress, progress = (d0 - d) / d0.
-- tool agent local: 0.1 ran + 0.1 printed parseable moves + 0.8 * value of following them.
-- planner local: 0.2 format (parseable, all moves legal) + 0.8 * value of the state after them.
-
-Single-agent baseline: one `solver` sees the task alone and answers with the moves, scored as the
-planner is.
+Team reward: 1 at the goal, else 0.5 * progress, progress = (d0 - d) / d0 in BFS distance.
 """
 from __future__ import annotations
 
@@ -22,13 +14,12 @@ import re
 from collections import deque
 from typing import Any
 
-from mas_lab.envs.base import Env, Problem, StepResult
-from mas_lab.sandbox import Limits, run_python
+from mas_lab.envs.base import Problem
+from mas_lab.envs.games import ToolPlannerEnv
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 _WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
 _MOVE_TOKEN = re.compile(r"\b(UP|DOWN|LEFT|RIGHT|U|D|L|R)\b", re.IGNORECASE)
-_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
 def distances(grid: list[str], goal: tuple[int, int]) -> list[list[int]]:
@@ -69,26 +60,15 @@ def parse_moves(text: str) -> list[str]:
     return [_WORDS.get(m.upper(), m.upper()) for m in _MOVE_TOKEN.findall(text)]
 
 
-def extract_code(text: str) -> str:
-    blocks = _CODE_BLOCK.findall(text)
-    return blocks[-1] if blocks else text
 
 
-class PlanPathEnv(Env):
-    roles = ("tool", "planner")
-    system_prompts = {
-        "tool": "You are the tool agent. Write a short Python program that prints the list of moves "
-        "from S to G, for example print(['R', 'D']). Reply with one ```python code block.",
-        "planner": "You are the planner. Give the moves from the current position to G. "
-        "End with one line 'Moves: R D ...' using U, D, L, R.",
-        "solver": "Give the moves from the current position to G. End with one line 'Moves: R D ...' using U, D, L, R.",
-    }
+class PlanPathEnv(ToolPlannerEnv):
+    program_hint = "prints the list of moves from S to G, for example print(['R', 'D'])"
+    answer_hint = "End with one line 'Moves: R D ...' using U, D, L, R."
 
     def __init__(self, problem: Problem, params: dict[str, Any]):
         super().__init__(problem, params)
         self.pos: tuple[int, int] = tuple(problem.data["start"])
-        self.tool_code = ""
-        self.tool_output = ""
         self._dist = distances(problem.data["grid"], tuple(problem.data["goal"]))
 
     @classmethod
@@ -108,21 +88,19 @@ class PlanPathEnv(Env):
                 return Problem({"grid": grid, "start": list(start), "goal": list(goal), "shortest": dist[goal[0]][goal[1]]})
         raise ValueError(f"plan_path: no solvable grid with size={size}, wall_prob={wall_prob}")
 
-    # --- state -----------------------------------------------------------------------------
     @property
     def goal(self) -> tuple[int, int]:
         return tuple(self.problem.data["goal"])
 
-    @property
-    def success(self) -> bool:
-        return self.pos == self.goal
-
-    def value(self, pos: tuple[int, int]) -> float:
+    def value_at(self, pos: tuple[int, int]) -> float:
         """Team reward of a position: 1 at the goal, else half the fraction of distance covered."""
         if pos == self.goal:
             return 1.0
         d0 = self.problem.data["shortest"]
         return 0.5 * max(0.0, (d0 - self._dist[pos[0]][pos[1]]) / d0)
+
+    def value(self) -> float:
+        return self.value_at(self.pos)
 
     def follow(self, pos: tuple[int, int], moves: list[str]) -> tuple[tuple[int, int], bool]:
         """Apply moves from pos until one is illegal or the goal is reached; (end, all legal)."""
@@ -138,8 +116,14 @@ class PlanPathEnv(Env):
             pos = (r, c)
         return pos, len(moves) <= limit
 
-    # --- the game ----------------------------------------------------------------------------
-    def _task_text(self) -> str:
+    def parse(self, text: str) -> list[str] | None:
+        return parse_moves(text) or None
+
+    def apply(self, moves: list[str]) -> bool:
+        self.pos, legal = self.follow(self.pos, moves)
+        return legal
+
+    def task_text(self) -> str:
         grid = [list(row) for row in self.problem.data["grid"]]
         gr, gc = self.goal
         grid[gr][gc] = "G"
@@ -149,51 +133,6 @@ class PlanPathEnv(Env):
             f"Grid ({len(grid)}x{len(grid[0])}, '#' wall, '.' free, row 0 at the top):\n{rows}\n"
             f"S (you) is at row {self.pos[0]}, col {self.pos[1]}; G is at row {gr}, col {gc}.\n"
             "Moves: U (row-1), D (row+1), L (col-1), R (col+1)."
-        )
-
-    def observe(self, role: str, turn: int) -> str:
-        text = self._task_text()
-        if role == "tool":
-            return text + "\nWrite the Python program that prints the moves from S to G."
-        if role == self.single_role:
-            return text + "\nAnswer with 'Moves: ...'."
-        return (
-            text
-            + f"\nThe tool agent's code:\n```python\n{self.tool_code.strip()}\n```\n"
-            + f"Its output:\n{self.tool_output.strip() or '(nothing)'}\n"
-            + "Answer with 'Moves: ...'."
-        )
-
-    def act(self, role: str, turn: int, action: str) -> StepResult:
-        if role == "tool":
-            return self._act_tool(action)
-        moves = parse_moves(action)
-        self.pos, legal = self.follow(self.pos, moves)
-        fmt = 1.0 if moves and legal else 0.0
-        value = self.value(self.pos)
-        return StepResult(
-            team=value,
-            local=0.2 * fmt + 0.8 * value,
-            components={"format": fmt, "value": value},
-            info=f"moves={''.join(moves)} legal={legal} pos={self.pos}",
-        )
-
-    def _act_tool(self, action: str) -> StepResult:
-        self.tool_code = extract_code(action)
-        wall = float(self.params.get("tool_timeout_s", 3.0))
-        # the wall limit decides; the CPU limit (one second later) is only a backstop
-        result = run_python(self.tool_code, Limits(wall_s=wall, cpu_s=int(wall) + 1, output_chars=2000))
-        self.tool_output = result.stdout if result.ok else f"[{result.status}] {result.stderr[-300:]}"
-        ran = 1.0 if result.ok else 0.0
-        moves = parse_moves(result.stdout) if result.ok else []
-        parsed = 1.0 if moves else 0.0
-        end, _ = self.follow(self.pos, moves)
-        value = self.value(end) if moves else 0.0
-        return StepResult(
-            team=self.value(self.pos),
-            local=0.1 * ran + 0.1 * parsed + 0.8 * value,
-            components={"ran": ran, "parsed": parsed, "value": value},
-            info=f"status={result.status} moves={''.join(moves)}",
         )
 
     def render(self) -> str:

@@ -1,0 +1,109 @@
+"""The shared protocol of the game tasks (Plan-Path, Sokoban, Sudoku), PAPER.md "Games / planning".
+
+Roles, in turn order: the tool agent writes a short Python program whose printed output is an
+answer (a move list, a grid); it runs in the sandbox and its output is parsed. The planner sees
+the task, the tool's code and output, and gives the answer that is applied to the live state.
+The single-agent baseline's `solver` sees only the task and answers.
+
+Rewards (stored as separate components, alpha per role in the task file):
+- team: `value(state)`, 1 when solved, partial credit below 1 otherwise (per game);
+- tool agent local: 0.1 ran + 0.1 printed a parseable answer + 0.8 * value of applying it;
+- planner / solver local: 0.2 format (parseable and legal) + 0.8 * value of the state after it.
+"""
+from __future__ import annotations
+
+import re
+from abc import abstractmethod
+from typing import Any
+
+from mas_lab.envs.base import Env, Problem, StepResult
+from mas_lab.sandbox import Limits, run_python
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(text: str) -> str:
+    blocks = _CODE_BLOCK.findall(text)
+    return blocks[-1] if blocks else text
+
+
+class ToolPlannerEnv(Env):
+    roles = ("tool", "planner")
+    answer_hint = ""  # how the planner states its answer, e.g. "Moves: R D"
+    program_hint = ""  # what the tool agent's program must print
+
+    def __init__(self, problem: Problem, params: dict[str, Any]):
+        super().__init__(problem, params)
+        self.tool_code = ""
+        self.tool_output = ""
+
+    # --- what each game defines ------------------------------------------------------------------
+    @abstractmethod
+    def task_text(self) -> str:
+        """The problem and the current state, as the agents read it."""
+
+    @abstractmethod
+    def parse(self, text: str) -> Any:
+        """An answer from free text, or None when there is none."""
+
+    @abstractmethod
+    def apply(self, answer: Any) -> bool:
+        """Apply a parsed answer to this state (mutates); False when any part was illegal."""
+
+    @abstractmethod
+    def value(self) -> float:
+        """Team reward of the current state: 1 when solved."""
+
+    # --- the protocol ------------------------------------------------------------------------------
+    @property
+    def system_prompts(self) -> dict[str, str]:
+        return {
+            "tool": f"You are the tool agent. Write a short Python program that {self.program_hint}. "
+                    "Reply with one ```python code block.",
+            "planner": f"You are the planner. Solve the task. {self.answer_hint}",
+            "solver": f"Solve the task. {self.answer_hint}",
+        }
+
+    def observe(self, role: str, turn: int) -> str:
+        text = self.task_text()
+        if role == "tool":
+            return text + f"\nWrite the Python program that {self.program_hint}."
+        if role == self.single_role:
+            return text + f"\n{self.answer_hint}"
+        return (
+            text
+            + f"\nThe tool agent's code:\n```python\n{self.tool_code.strip()}\n```\n"
+            + f"Its output:\n{self.tool_output.strip() or '(nothing)'}\n"
+            + self.answer_hint
+        )
+
+    def act(self, role: str, turn: int, action: str) -> StepResult:
+        if role == "tool":
+            return self._act_tool(action)
+        answer = self.parse(action)
+        legal = answer is not None and self.apply(answer)
+        fmt = 1.0 if legal else 0.0
+        value = self.value()
+        return StepResult(team=value, local=0.2 * fmt + 0.8 * value, components={"format": fmt, "value": value},
+                          info=f"answer={answer!r} legal={legal}")
+
+    def _act_tool(self, action: str) -> StepResult:
+        self.tool_code = extract_code(action)
+        wall = float(self.params.get("tool_timeout_s", 3.0))
+        # the wall limit decides; the CPU limit (one second later) is only a backstop
+        result = run_python(self.tool_code, Limits(wall_s=wall, cpu_s=int(wall) + 1, output_chars=2000))
+        self.tool_output = result.stdout if result.ok else f"[{result.status}] {result.stderr[-300:]}"
+        answer = self.parse(result.stdout) if result.ok else None
+        ran, parsed = float(result.ok), float(answer is not None)
+        value = 0.0
+        if answer is not None:
+            trial = self.clone()  # what the tool's answer would do, without acting on the live state
+            trial.apply(answer)
+            value = trial.value()
+        return StepResult(team=self.value(), local=0.1 * ran + 0.1 * parsed + 0.8 * value,
+                          components={"ran": ran, "parsed": parsed, "value": value},
+                          info=f"status={result.status} answer={answer!r}")
+
+    @property
+    def success(self) -> bool:
+        return self.value() >= 1.0

@@ -1,0 +1,145 @@
+"""Sokoban (paper Sec. 5: 6x6, 1 box; here 1-2 boxes): push every box onto a target.
+
+Generated backwards from a solved state, so every problem is solvable: boxes start on their
+targets and the player walks and *pulls* boxes at random; the state reached is the start.
+A breadth-first solver over (player, boxes) then gives the optimal number of moves (and rejects
+starts that are already solved). Tool agent + planner as in envs/games.py; answers are move lists.
+
+Team reward: 1 when every box is on a target, else 0.5 * the fraction of boxes on targets.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Any
+
+from mas_lab.envs.base import Problem
+from mas_lab.envs.games import ToolPlannerEnv
+from mas_lab.envs.plan_path import MOVES, parse_moves
+
+Pos = tuple[int, int]
+
+
+def _step(walls: frozenset, player: Pos, boxes: frozenset, move: str) -> tuple[Pos, frozenset] | None:
+    """One move with pushing; None when illegal (into a wall, or a box into a wall or a box)."""
+    dr, dc = MOVES[move]
+    nxt = (player[0] + dr, player[1] + dc)
+    if nxt in walls:
+        return None
+    if nxt in boxes:
+        beyond = (nxt[0] + dr, nxt[1] + dc)
+        if beyond in walls or beyond in boxes:
+            return None
+        boxes = (boxes - {nxt}) | {beyond}
+    return nxt, boxes
+
+
+def solve(walls: frozenset, player: Pos, boxes: frozenset, targets: frozenset, limit: int = 200_000) -> list[str] | None:
+    """A shortest move list that puts every box on a target (BFS), or None."""
+    start = (player, boxes)
+    parents: dict = {start: None}
+    queue = deque([start])
+    while queue and len(parents) < limit:
+        state = queue.popleft()
+        if state[1] == targets:
+            path = []
+            while parents[state] is not None:
+                state, move = parents[state]
+                path.append(move)
+            return path[::-1]
+        for move in MOVES:
+            nxt = _step(walls, state[0], state[1], move)
+            if nxt is not None and nxt not in parents:
+                parents[nxt] = (state, move)
+                queue.append(nxt)
+    return None
+
+
+class SokobanEnv(ToolPlannerEnv):
+    program_hint = "prints the list of moves that pushes every box onto a target, for example print(['R', 'U'])"
+    answer_hint = "End with one line 'Moves: R U ...' using U, D, L, R."
+
+    def __init__(self, problem: Problem, params: dict[str, Any]):
+        super().__init__(problem, params)
+        self.player: Pos = tuple(problem.data["player"])
+        self.boxes: frozenset = frozenset(tuple(b) for b in problem.data["boxes"])
+
+    @property
+    def walls(self) -> frozenset:
+        grid = self.problem.data["grid"]
+        return frozenset((r, c) for r, row in enumerate(grid) for c, ch in enumerate(row) if ch == "#")
+
+    @property
+    def targets(self) -> frozenset:
+        return frozenset(tuple(t) for t in self.problem.data["targets"])
+
+    @classmethod
+    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
+        size = int(params.get("size", 6))
+        n_boxes = int(params.get("boxes", 1))
+        pulls = int(params.get("reverse_steps", 30))
+        for _ in range(1000):
+            grid = [["#" if r in (0, size - 1) or c in (0, size - 1) or rng.random() < params.get("wall_prob", 0.1)
+                     else "." for c in range(size)] for r in range(size)]
+            free = [(r, c) for r in range(size) for c in range(size) if grid[r][c] == "."]
+            if len(free) < n_boxes + 2:
+                continue
+            picks = rng.sample(free, n_boxes + 1)
+            targets, player = frozenset(picks[:n_boxes]), picks[n_boxes]
+            walls = frozenset((r, c) for r in range(size) for c in range(size) if grid[r][c] == "#")
+            boxes = targets
+            for _ in range(pulls):  # walk backwards: a pull moves the box behind the player along
+                move = rng.choice(list(MOVES))
+                dr, dc = MOVES[move]
+                nxt = (player[0] + dr, player[1] + dc)
+                if nxt in walls or nxt in boxes:
+                    continue
+                behind = (player[0] - dr, player[1] - dc)
+                if behind in boxes and rng.random() < 0.7:
+                    boxes = (boxes - {behind}) | {player}
+                player = nxt
+            if boxes == targets:
+                continue
+            path = solve(walls, player, boxes, targets)
+            if path and len(path) >= int(params.get("min_moves", 3)):
+                return Problem({"grid": ["".join(row) for row in grid], "player": list(player),
+                                "boxes": sorted(list(b) for b in boxes), "targets": sorted(list(t) for t in targets),
+                                "optimal": len(path)})
+        raise ValueError(f"sokoban: could not generate a puzzle with size={size}, boxes={n_boxes}")
+
+    def value(self) -> float:
+        on = len(self.boxes & self.targets)
+        return 1.0 if on == len(self.targets) else 0.5 * on / len(self.targets)
+
+    def parse(self, text: str) -> list[str] | None:
+        return parse_moves(text) or None
+
+    def apply(self, moves: list[str]) -> bool:
+        walls = self.walls
+        for move in moves[: 8 * len(self.problem.data["grid"]) ** 2]:
+            if self.boxes == self.targets:
+                break
+            nxt = _step(walls, self.player, self.boxes, move)
+            if nxt is None:
+                return False
+            self.player, self.boxes = nxt
+        return True
+
+    def render(self) -> str:
+        grid = [list(row) for row in self.problem.data["grid"]]
+        for r, c in self.targets:
+            grid[r][c] = "O"
+        for r, c in self.boxes:
+            grid[r][c] = "*" if (r, c) in self.targets else "B"
+        r, c = self.player
+        grid[r][c] = "+" if (r, c) in self.targets else "P"
+        return "\n".join("".join(row) for row in grid)
+
+    def task_text(self) -> str:
+        return (
+            f"Sokoban ({len(self.problem.data['grid'])}x{len(self.problem.data['grid'])}): push every box onto a target.\n"
+            "'#' wall, '.' floor, 'O' target, 'B' box, '*' box on a target, 'P' you, '+' you on a target; row 0 at the top.\n"
+            f"{self.render()}\n"
+            f"You are at row {self.player[0]}, col {self.player[1]}. Boxes at {sorted(self.boxes)}; targets at {sorted(self.targets)}.\n"
+            "Moves: U (row-1), D (row+1), L (col-1), R (col+1); walking into a box pushes it."
+        )
