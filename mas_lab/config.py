@@ -158,6 +158,9 @@ class TaskConfig(_Strict):
         if self.env.name not in ENVS:
             raise ValueError(f"env.name: unknown environment '{self.env.name}'; allowed: {sorted(ENVS)}")
         env = ENVS[self.env.name]
+        problem = env.check_params(self.env.params)
+        if problem:
+            raise ValueError(f"env.params: {problem}")
         expected = [env.single_role] if self.algorithm.mode == "single_agent" else list(env.roles)
         if names != expected:
             where = "in single_agent mode has the role" if self.algorithm.mode == "single_agent" else "has roles"

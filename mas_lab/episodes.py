@@ -76,47 +76,78 @@ def tree_rollout(
     timing: Timing | None = None,
     on_turn: Callable[[int, str], None] | None = None,
 ) -> list[Episode]:
-    """Run Algorithm 1's sampling for up to T turns; mutates and returns `episodes`."""
+    """Run Algorithm 1's sampling for up to T turns; mutates and returns `episodes`.
+
+    Sequential workflows: each agent observes the live state after the agents before it acted,
+    and its chosen branch becomes the live state. Parallel workflows (`Env.parallel`: math, code):
+    every agent of a turn observes the state at the start of the turn, and after all of them have
+    been sampled and scored, their chosen actions are applied to the live state in turn order."""
     timing = timing or Timing()
+    parallel = bool(episodes) and episodes[0].env.parallel
     for turn in range(task.env.max_turns):
+        live = [e for e in episodes if not e.env.done]
+        if not live:
+            return episodes
+        chosen_actions: list[list[tuple[str, str]]] = [[] for _ in live]
         for agent_index, role in enumerate(r.name for r in task.roles):
-            live = [e for e in episodes if not e.env.done]
-            if not live:
-                return episodes
+            if not parallel:
+                live = [e for e in live if not e.env.done]
+                if not live:
+                    return episodes
             if on_turn:
                 on_turn(turn, role)
-            spec = task.role(role)
-            sampling = spec.sampling.model_copy(update={"temperature": 0.0}) if greedy else spec.sampling
-            prompts = [e.env.messages(role, turn) for e in live]
+            for position, (episode, chosen_env, action) in enumerate(
+                _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing)
+            ):
+                if parallel:
+                    chosen_actions[position].append((role, action))
+                else:
+                    episode.env = chosen_env
+        if parallel:
             started = time.perf_counter()
-            generations = generate(spec.policy, prompts, k, sampling, call_seed(seed, turn, agent_index))
-            timing.generate_s += time.perf_counter() - started
-            timing.generated_tokens += sum(len(g.response_ids) for row in generations for g in row)
-
-            started = time.perf_counter()
-            jobs = [(e, c, g) for e, row in zip(live, generations) for c, g in enumerate(row)]
-            branches = [e.env.clone() for e, _, _ in jobs]
-            def score(branch: Env, generation: Generation):
-                return branch.step(role, turn, generation.text)
-
-            results = list(_STEP_POOL.map(score, branches, [g for _, _, g in jobs]))
+            for episode, actions in zip(live, chosen_actions):
+                for (role, action), record in zip(actions, episode.turns[-len(actions):]):
+                    episode.env.step(role, turn, action)
+                    record.state_after = episode.env.render()
             timing.reward_s += time.perf_counter() - started
-
-            for position, episode in enumerate(live):
-                observation = prompts[position][-1]["content"]
-                candidates = []
-                for c in range(k):
-                    j = position * k + c
-                    _, _, gen = jobs[j]
-                    result = results[j]
-                    candidates.append(Candidate(
-                        problem_id=episode.problem.id, role=role, turn=turn, index=c, policy=spec.policy,
-                        prompt_ids=gen.prompt_ids, response_ids=gen.response_ids, response=gen.text,
-                        reward=spec.alpha * result.team + result.local, team=result.team, local=result.local,
-                        components=dict(result.components), info=result.info, state_after=branches[j].render(),
-                    ))
-                chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
-                candidates[chosen].chosen = True
-                episode.env = branches[position * k + chosen]
-                episode.turns.append(Turn(turn, role, spec.policy, observation, candidates, chosen, episode.env.render()))
     return episodes
+
+
+def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing):
+    """One (turn, agent): K candidates per live env in one batched call, each scored on its own
+    clone of the state. Records the Turn; yields (episode, chosen branch, chosen action)."""
+    spec = task.role(role)
+    sampling = spec.sampling.model_copy(update={"temperature": 0.0}) if greedy else spec.sampling
+    prompts = [e.env.messages(role, turn) for e in live]
+    started = time.perf_counter()
+    generations = generate(spec.policy, prompts, k, sampling, call_seed(seed, turn, agent_index))
+    timing.generate_s += time.perf_counter() - started
+    timing.generated_tokens += sum(len(g.response_ids) for row in generations for g in row)
+
+    started = time.perf_counter()
+    flat = [g for row in generations for g in row]
+    branches = [e.env.clone() for e in live for _ in range(k)]
+
+    def score(branch: Env, generation: Generation):
+        return branch.step(role, turn, generation.text)
+
+    results = list(_STEP_POOL.map(score, branches, flat))
+    timing.reward_s += time.perf_counter() - started
+
+    for position, episode in enumerate(live):
+        candidates = []
+        for c in range(k):
+            j = position * k + c
+            gen, result = flat[j], results[j]
+            candidates.append(Candidate(
+                problem_id=episode.problem.id, role=role, turn=turn, index=c, policy=spec.policy,
+                prompt_ids=gen.prompt_ids, response_ids=gen.response_ids, response=gen.text,
+                reward=spec.alpha * result.team + result.local, team=result.team, local=result.local,
+                components=dict(result.components), info=result.info, state_after=branches[j].render(),
+            ))
+        chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
+        candidates[chosen].chosen = True
+        branch = branches[position * k + chosen]
+        episode.turns.append(Turn(turn, role, spec.policy, prompts[position][-1]["content"], candidates, chosen,
+                                  branch.render()))
+        yield episode, branch, candidates[chosen].response

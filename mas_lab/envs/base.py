@@ -47,6 +47,7 @@ class Env(ABC):
 
     roles: ClassVar[tuple[str, ...]]
     single_role: ClassVar[str] = "solver"  # the one agent of the single-agent baseline
+    parallel: ClassVar[bool] = False  # True: the agents of a turn all observe the turn's start state
     system_prompts: ClassVar[dict[str, str]] = {}
 
     def __init__(self, problem: Problem, params: dict[str, Any]):
@@ -56,8 +57,13 @@ class Env(ABC):
 
     @classmethod
     @abstractmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
-        """Draw one problem from the seeded generator."""
+    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
+        """Draw one problem from the seeded generator (or the `split` data set: train or eval)."""
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> str | None:
+        """None when `env.params` can be used, else a sentence saying what is wrong (before any work)."""
+        return None
 
     @abstractmethod
     def observe(self, role: str, turn: int) -> str:
@@ -118,7 +124,7 @@ class ProblemPool:
         seen: set[str] = set()
         attempts = 0
         while len(self.eval_set) < eval_size:
-            problem = env_cls.generate(rng, params)
+            problem = env_cls.generate(rng, params, "eval")
             attempts += 1
             if problem.content_hash not in seen:
                 seen.add(problem.content_hash)
@@ -132,7 +138,7 @@ class ProblemPool:
     def train(self, index: int) -> Problem:
         while len(self._train) <= index:
             for _ in range(10_000):
-                problem = self.env_cls.generate(self._train_rng, self.params)
+                problem = self.env_cls.generate(self._train_rng, self.params, "train")
                 if problem.content_hash not in self.eval_hashes:
                     break
             else:

@@ -72,7 +72,7 @@ class PlanPathEnv(ToolPlannerEnv):
         self._dist = distances(problem.data["grid"], tuple(problem.data["goal"]))
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
+    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
         size = int(params.get("size", 5))
         wall_prob = float(params.get("wall_prob", 0.2))
         min_dist = int(params.get("min_distance", 2))

@@ -74,7 +74,7 @@ class SokobanEnv(ToolPlannerEnv):
         return frozenset(tuple(t) for t in self.problem.data["targets"])
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
+    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
         size = int(params.get("size", 6))
         n_boxes = int(params.get("boxes", 1))
         pulls = int(params.get("reverse_steps", 30))

@@ -89,7 +89,7 @@ class SudokuEnv(ToolPlannerEnv):
         self.grid: Grid = [list(row) for row in problem.data["puzzle"]]
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
+    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
         n = int(params.get("size", 4))
         if _box(n) ** 2 != n:
             raise ValueError(f"sudoku: size must be a square (4 or 9), got {n}")

@@ -20,7 +20,7 @@ class ToyEnv(Env):
         self.scores: list[float] = []
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any]) -> Problem:
+    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
         letters = str(params.get("letters", "a"))
         return Problem({"letter": rng.choice(letters), "number": rng.randrange(10**6)})
 
