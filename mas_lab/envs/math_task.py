@@ -1,0 +1,137 @@
+"""Math (PAPER.md): a reasoner (answer in \\boxed{}) and a tool agent (Python that prints the
+answer) act in parallel each turn; later turns see both answers and select or refine. The
+episode ends when their answers agree, or after T turns.
+
+Rewards (components stored separately): team = correctness of the team's answer (the reasoner's,
+or the tool's while the reasoner has none); reasoner local = 0.2 format + 0.8 match; tool local =
+0.1 builds + 0.1 executes + 0.8 match. The single-agent `solver` is scored as the reasoner.
+Grading uses math-verify with its signal-based timeouts off (env steps run in worker threads).
+Data (params): `train` (default math_train: the MATH test set minus MATH-500) and `eval` (a list,
+default [math500, gsm8k]); any local JSONL with `problem` and `answer` fields.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import re
+from typing import Any
+
+from mas_lab.envs.base import Env, Problem, StepResult
+from mas_lab.envs.datasets import DatasetError, last_boxed, math_problems
+from mas_lab.envs.games import extract_code
+from mas_lab.sandbox import Limits, run_python
+
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
+def grade(predicted: str | None, gold: str) -> bool:
+    """Whether a predicted answer equals the gold one (fractions, intervals, units, \\left/\\right,
+    thousands separators handled by math-verify)."""
+    if predicted is None or not predicted.strip():
+        return False
+    from math_verify import parse, verify
+
+    gold_parsed = parse(f"${gold}$", parsing_timeout=None)
+    pred_parsed = parse(f"${predicted}$", parsing_timeout=None)
+    if not gold_parsed or not pred_parsed:
+        return predicted.strip() == gold.strip()
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def _answers_agree(a: str | None, b: str | None) -> bool:
+    return a is not None and b is not None and (a.strip() == b.strip() or grade(a, b))
+
+
+class MathEnv(Env):
+    roles = ("reasoner", "tool")
+    parallel = True
+    system_prompts = {
+        "reasoner": "You are the reasoner. Solve the problem step by step and put the final answer in \\boxed{}.",
+        "tool": "You are the tool agent. Write a short Python program that computes the answer and prints only it. "
+                "Reply with one ```python code block.",
+        "solver": "Solve the problem step by step and put the final answer in \\boxed{}.",
+    }
+
+    def __init__(self, problem: Problem, params: dict[str, Any]):
+        super().__init__(problem, params)
+        self.answers: dict[str, str | None] = {}
+        self.notes: dict[str, str] = {}
+
+    @classmethod
+    def _sets(cls, params: dict[str, Any], split: str) -> list[str]:
+        if split == "train":
+            return [params.get("train", "math_train")]
+        sets = params.get("eval", ["math500", "gsm8k"])
+        return [sets] if isinstance(sets, str) else list(sets)
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> str | None:
+        try:
+            for split in ("train", "eval"):
+                for name in cls._sets(params, split):
+                    math_problems(name)
+        except DatasetError as exc:
+            return str(exc)
+        return None
+
+    @classmethod
+    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
+        records = [r for name in cls._sets(params, split) for r in math_problems(name)]
+        return Problem(dict(rng.choice(records)))
+
+    @property
+    def gold(self) -> str:
+        return self.problem.data["answer"]
+
+    def team_answer(self) -> str | None:
+        return self.answers.get("reasoner") or self.answers.get("solver") or self.answers.get("tool")
+
+    def observe(self, role: str, turn: int) -> str:
+        text = f"Problem:\n{self.problem.data['problem']}\n"
+        if self.answers:
+            text += "\nAnswers so far:\n" + "".join(
+                f"- {r}: {self.answers.get(r) or '(none)'}{self.notes.get(r, '')}\n" for r in sorted(self.answers))
+            text += "Select or refine the answer.\n"
+        if role == "tool":
+            return text + "Write the Python program that prints the answer."
+        return text + "Give the final answer in \\boxed{}."
+
+    def act(self, role: str, turn: int, action: str) -> StepResult:
+        if role == "tool":
+            code = extract_code(action)
+            try:
+                compile(code, "<tool>", "exec")
+                builds = 1.0
+            except (SyntaxError, ValueError):
+                builds = 0.0
+            result = run_python(code, Limits(wall_s=float(self.params.get("tool_timeout_s", 5.0)), output_chars=2000)) if builds else None
+            executes = float(result is not None and result.ok)
+            lines = [l for l in (result.stdout if result else "").splitlines() if l.strip()]
+            answer = lines[-1].strip() if executes and lines else None
+            self.notes[role] = f" (program output: {answer})" if answer else " (program failed)"
+            components = {"builds": builds, "executes": executes}
+            weights = (0.1 * builds + 0.1 * executes, 0.8)
+        else:
+            answer = last_boxed(action)
+            fmt = float(answer is not None)
+            components = {"format": fmt}
+            weights = (0.2 * fmt, 0.8)
+        self.answers[role] = answer
+        match = float(grade(answer, self.gold))
+        components["match"] = match
+        team = float(grade(self.team_answer(), self.gold))
+        return StepResult(team=team, local=weights[0] + weights[1] * match, components=components,
+                          info=f"answer={answer!r} gold={self.gold!r}")
+
+    @property
+    def done(self) -> bool:
+        if self.single_role in self.answers:
+            return self.answers[self.single_role] is not None
+        return _answers_agree(self.answers.get("reasoner"), self.answers.get("tool"))
+
+    @property
+    def success(self) -> bool:
+        return grade(self.team_answer(), self.gold)
+
+    def render(self) -> str:
+        return f"answers={self.answers} gold={self.gold!r}"
