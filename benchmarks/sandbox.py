@@ -1,0 +1,56 @@
+"""Sandbox throughput and per-run overhead, printed as JSON.
+
+    .venv/bin/python benchmarks/sandbox.py [--runs 200]
+
+Overhead: mean wall time of one run of an empty program, sequentially (process start, limits,
+namespaces, user switch, temp folder). Throughput: runs per second of the empty program and of
+a small BFS program through the shared pool (as many workers as cores).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from mas_lab.sandbox import capabilities, run_many, run_python
+
+BFS = """
+from collections import deque
+grid = ['.....', '.###.', '.....', '.#.#.', '.....']
+start, goal = (0, 0), (4, 4)
+prev = {start: None}; queue = deque([start])
+while queue:
+    r, c = queue.popleft()
+    for dr, dc, m in ((1, 0, 'D'), (-1, 0, 'U'), (0, 1, 'R'), (0, -1, 'L')):
+        n = (r + dr, c + dc)
+        if 0 <= n[0] < 5 and 0 <= n[1] < 5 and grid[n[0]][n[1]] == '.' and n not in prev:
+            prev[n] = ((r, c), m); queue.append(n)
+path, cell = [], goal
+while prev[cell]:
+    cell, m = prev[cell]; path.append(m)
+print(path[::-1])
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=200)
+    args = parser.parse_args()
+    isolation = capabilities()
+    durations = [run_python("pass").duration for _ in range(30)]
+    out = {"isolation": {"network_namespace": isolation.network, "user": isolation.user, "interpreter": isolation.interpreter},
+           "cores": os.cpu_count(), "overhead_ms_mean": round(1000 * statistics.fmean(durations), 1),
+           "overhead_ms_p95": round(1000 * sorted(durations)[int(0.95 * len(durations))], 1)}
+    for name, code in (("empty", "pass"), ("bfs", BFS)):
+        started = time.perf_counter()
+        results = run_many([code] * args.runs)
+        elapsed = time.perf_counter() - started
+        out[f"throughput_{name}_runs_per_s"] = round(args.runs / elapsed, 1)
+        out[f"{name}_ok"] = sum(r.ok for r in results)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
