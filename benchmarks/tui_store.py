@@ -20,6 +20,18 @@ from mas_lab.store import RunStore
 from tui.app import MasLabApp
 
 
+async def press_timed(pilot, key: str, times: int, result: dict, prefix: str) -> None:
+    """Press `key` `times` times; record the mean and max seconds until the screen settles."""
+    durations = []
+    for _ in range(times):
+        started = time.perf_counter()
+        await pilot.press(key)
+        await pilot.pause()
+        durations.append(time.perf_counter() - started)
+    result[f"{prefix}_mean_s"] = round(statistics.fmean(durations), 4)
+    result[f"{prefix}_max_s"] = round(max(durations), 4)
+
+
 async def measure(run_dir: Path, scroll: int) -> dict:
     store = RunStore(run_dir / "run.db", create=False)
     counts = store.rows("SELECT (SELECT COUNT(*) FROM candidates) AS candidates, (SELECT COUNT(*) FROM episodes) AS episodes,"
@@ -31,26 +43,12 @@ async def measure(run_dir: Path, scroll: int) -> dict:
         while "step" not in str(app.screen.query_one("#where").render()):
             await pilot.pause(0.01)
         result["replay_first_paint_s"] = round(time.perf_counter() - started, 3)
-        times = []
-        for _ in range(scroll):
-            t = time.perf_counter()
-            await pilot.press("right_square_bracket")
-            await pilot.pause()
-            times.append(time.perf_counter() - t)
-        result["replay_next_step_mean_s"] = round(statistics.fmean(times), 4)
-        result["replay_next_step_max_s"] = round(max(times), 4)
+        await press_timed(pilot, "right_square_bracket", scroll, result, "replay_next_step")
         t = time.perf_counter()
         await pilot.press("g")
         await pilot.pause()
         result["groups_open_s"] = round(time.perf_counter() - t, 3)
-        times = []
-        for _ in range(scroll):
-            t = time.perf_counter()
-            await pilot.press("right_square_bracket")
-            await pilot.pause()
-            times.append(time.perf_counter() - t)
-        result["groups_next_step_mean_s"] = round(statistics.fmean(times), 4)
-        result["groups_next_step_max_s"] = round(max(times), 4)
+        await press_timed(pilot, "right_square_bracket", scroll, result, "groups_next_step")
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return result
 

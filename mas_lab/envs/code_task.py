@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import ast
 import json
-import random
 from typing import Any
 
-from mas_lab.envs.base import Env, Problem, StepResult
-from mas_lab.envs.datasets import DatasetError, code_problems
+from mas_lab.envs.base import Problem, StepResult
+from mas_lab.envs.datasets import DatasetEnv, code_problems
 from mas_lab.envs.games import extract_code
 from mas_lab.sandbox import Limits, run_python
 
@@ -50,9 +49,12 @@ def split_tests(text: str) -> list[str]:
     return [ast.unparse(node) for node in tree.body if isinstance(node, ast.Assert)]
 
 
-class CodeEnv(Env):
+class CodeEnv(DatasetEnv):
     roles = ("coder", "tester")
     parallel = True
+    default_train = "mbpp"
+    default_eval = ("humaneval",)
+    load = staticmethod(code_problems)
     system_prompts = {
         "coder": "You are the coder. Write the Python solution in one ```python code block.",
         "tester": "You are the tester. Write unit tests as Python assert statements in one ```python code block.",
@@ -65,28 +67,6 @@ class CodeEnv(Env):
         self.tests: list[str] | None = None
         self.golden_rate = 0.0
         self.mismatch = ""
-
-    @classmethod
-    def _sets(cls, params: dict[str, Any], split: str) -> list[str]:
-        if split == "train":
-            return [params.get("train", "mbpp")]
-        sets = params.get("eval", ["humaneval"])
-        return [sets] if isinstance(sets, str) else list(sets)
-
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> str | None:
-        try:
-            for split in ("train", "eval"):
-                for name in cls._sets(params, split):
-                    code_problems(name)
-        except DatasetError as exc:
-            return str(exc)
-        return None
-
-    @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
-        records = [r for name in cls._sets(params, split) for r in code_problems(name)]
-        return Problem(dict(rng.choice(records)))
 
     def _golden(self, code: str) -> float:
         data = self.problem.data

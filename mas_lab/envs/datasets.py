@@ -12,8 +12,12 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import random
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from mas_lab.envs.base import Env, Problem
 
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
                  "prealgebra", "precalculus")
@@ -113,3 +117,34 @@ def _literal_list(text):
     import ast
 
     return list(ast.literal_eval(text)) if isinstance(text, str) else list(text)
+
+
+class DatasetEnv(Env):
+    """An environment whose problems come from data sets named in `env.params` (`train`: one set,
+    `eval`: a list), checked before any work and drawn with the pool's seeded generator."""
+
+    default_train: ClassVar[str]
+    default_eval: ClassVar[tuple[str, ...]]
+    load: ClassVar[Callable[[str], tuple[dict, ...]]]
+
+    @classmethod
+    def sets(cls, params: dict[str, Any], split: str) -> list[str]:
+        if split == "train":
+            return [params.get("train", cls.default_train)]
+        sets = params.get("eval", list(cls.default_eval))
+        return [sets] if isinstance(sets, str) else list(sets)
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> str | None:
+        try:
+            for split in ("train", "eval"):
+                for name in cls.sets(params, split):
+                    cls.load(name)
+        except DatasetError as exc:
+            return str(exc)
+        return None
+
+    @classmethod
+    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
+        records = [r for name in cls.sets(params, split) for r in cls.load(name)]
+        return Problem(dict(rng.choice(records)))

@@ -12,12 +12,11 @@ default [math500, gsm8k]); any local JSONL with `problem` and `answer` fields.
 from __future__ import annotations
 
 import logging
-import random
 import re
 from typing import Any
 
-from mas_lab.envs.base import Env, Problem, StepResult
-from mas_lab.envs.datasets import DatasetError, last_boxed, math_problems
+from mas_lab.envs.base import Problem, StepResult
+from mas_lab.envs.datasets import DatasetEnv, last_boxed, math_problems
 from mas_lab.envs.games import extract_code
 from mas_lab.sandbox import Limits, run_python
 
@@ -42,9 +41,12 @@ def _answers_agree(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and (a.strip() == b.strip() or grade(a, b))
 
 
-class MathEnv(Env):
+class MathEnv(DatasetEnv):
     roles = ("reasoner", "tool")
     parallel = True
+    default_train = "math_train"
+    default_eval = ("math500", "gsm8k")
+    load = staticmethod(math_problems)
     system_prompts = {
         "reasoner": "You are the reasoner. Solve the problem step by step and put the final answer in \\boxed{}.",
         "tool": "You are the tool agent. Write a short Python program that computes the answer and prints only it. "
@@ -56,28 +58,6 @@ class MathEnv(Env):
         super().__init__(problem, params)
         self.answers: dict[str, str | None] = {}
         self.notes: dict[str, str] = {}
-
-    @classmethod
-    def _sets(cls, params: dict[str, Any], split: str) -> list[str]:
-        if split == "train":
-            return [params.get("train", "math_train")]
-        sets = params.get("eval", ["math500", "gsm8k"])
-        return [sets] if isinstance(sets, str) else list(sets)
-
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> str | None:
-        try:
-            for split in ("train", "eval"):
-                for name in cls._sets(params, split):
-                    math_problems(name)
-        except DatasetError as exc:
-            return str(exc)
-        return None
-
-    @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
-        records = [r for name in cls._sets(params, split) for r in math_problems(name)]
-        return Problem(dict(rng.choice(records)))
 
     @property
     def gold(self) -> str:
