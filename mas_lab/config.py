@@ -122,7 +122,7 @@ class Tracking(_Strict):
 class Checkpoint(_Strict):
     """When to write checkpoints (also always on pause, stop, SIGINT/SIGTERM and at the end)."""
 
-    every: int = Field(5, ge=0, description="every N steps (0: only on pause, stop, signal and at the end)")
+    every: int = Field(1, ge=0, description="every N steps (0: only on pause, stop, signal and at the end)")
     keep_last: int = Field(2, ge=1, description="complete checkpoints kept; older ones are pruned")
 
 
