@@ -19,7 +19,10 @@ from mas_lab.rollout.engine import Generation
 from mas_lab.rollout.worker import RolloutWorker
 
 
-def start_ray(address: str | None) -> None:
+def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
+    """Join `address`, or start a local Ray instance. Locally the logical CPUs are at least what
+    the actors ask for: rollout and learner phases alternate, so sharing cores is intended (with
+    only os.cpu_count() logical CPUs, per-role full models would wait forever to be scheduled)."""
     import ray
 
     if ray.is_initialized():
@@ -29,7 +32,8 @@ def start_ray(address: str | None) -> None:
     if address:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
+        cpus = max(os.cpu_count() or 1, int(-(-cpus_needed // 1)))
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
 def hosts_of(task: TaskConfig) -> dict[str, list[str]]:
@@ -53,7 +57,8 @@ class Backend:
         if use_ray:
             import ray
 
-            start_ray(task.resources.ray_address)
+            per_host = task.resources.rollout_cpus + task.resources.learner_cpus
+            start_ray(task.resources.ray_address, per_host * len(hosts_of(task)))
             worker_cls = ray.remote(num_cpus=task.resources.rollout_cpus)(RolloutWorker)
             learner_cls = ray.remote(num_cpus=task.resources.learner_cpus)(Learner)
         else:
@@ -68,8 +73,24 @@ class Backend:
             self.learners[host] = self._new(learner_cls, folder, algorithm, first.dtype, threads, task.train.seed,
                                             specs, init_from)
             self.host_of.update({n: host for n in names})
-        self._wait([self._call(a, "ready") for a in self._actors()])
+        self._ready(task)
         self.sync_weights(0)  # adapters start random in each process; init_from weights too
+
+    def _ready(self, task: TaskConfig) -> None:
+        """Wait for every actor; in a cluster that cannot place them, fail with the numbers."""
+        handles = [self._call(a, "ready") for a in self._actors()]
+        if not self.use_ray:
+            return
+        import ray
+
+        timeout = float(os.environ.get("MAS_LAB_ACTOR_TIMEOUT_S", "600"))
+        ready, pending = ray.wait(handles, num_returns=len(handles), timeout=timeout)
+        if pending:
+            needed = (task.resources.rollout_cpus + task.resources.learner_cpus) * len(self.workers)
+            have = ray.cluster_resources().get("CPU", 0)
+            raise RuntimeError(f"{len(pending)} of {len(handles)} actors were not placed within {timeout:.0f} s: "
+                               f"they ask for {needed:g} CPUs, the Ray cluster has {have:g}")
+        ray.get(ready)
 
     def _actors(self) -> list:
         return [*self.workers.values(), *self.learners.values()]
@@ -132,6 +153,10 @@ class Backend:
             return False
 
     def shutdown(self) -> None:
+        """Kill the actors (and the local Ray instance this backend started); idempotent."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         if self.use_ray:
             import ray
 

@@ -41,3 +41,26 @@ def test_update_then_sync_changes_what_the_worker_generates(ray_backend):
     worker = ray.get(backend.workers[host].load_weights.remote("shared", learner, 2))
     assert worker == 2 and before["generated_tokens"] > 0
     assert all(torch.isfinite(v).all() for v in learner.values())
+
+
+def test_per_role_full_models_are_placed_and_update_in_parallel(ray_backend):
+    """Two full models need 4 actors of one CPU each on a 2-core machine: the local Ray instance
+    must offer enough logical CPUs (the phases alternate), or the actors would wait forever."""
+    from mas_lab.config import TaskConfig
+
+    task, shared = ray_backend
+    shared.shutdown()
+    data = task.model_dump()
+    data["policies"] = {"p_first": {"model": "tiny-test"}, "p_second": {"model": "tiny-test"}}
+    data["roles"][0]["policy"], data["roles"][1]["policy"] = "p_first", "p_second"
+    backend = Backend(TaskConfig.model_validate(data), use_ray=True)
+    try:
+        assert len(backend.workers) == len(backend.learners) == 2
+        prompts = [[{"role": "user", "content": "write a"}]]
+        for policy in ("p_first", "p_second"):
+            assert len(backend.generate(policy, prompts, 2, task.roles[0].sampling, seed=0)[0]) == 2
+        sample = {"prompt_ids": [2, 10, 11, 3], "response_ids": [71, 3], "advantage": 1.0}
+        result = backend.update({"p_first": [sample], "p_second": [sample, sample]})
+        assert result["p_first"]["samples"] == 1 and result["p_second"]["samples"] == 2
+    finally:
+        backend.shutdown()
