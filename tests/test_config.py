@@ -35,7 +35,7 @@ def test_set_overrides_nested_and_list_fields():
 CASES = [
     ("unknown key", lambda d: d["algorithm"].update(kk=4), "field 'algorithm.kk': unknown key; allowed: ['clip_eps_high'"),
     ("wrong type", lambda d: d["train"].update(steps="many"), "field 'train.steps': Input should be a valid integer"),
-    ("unknown env", lambda d: d["env"].update(name="chess"), "field 'env.name': unknown environment 'chess'; allowed: ['plan_path', 'toy']"),
+    ("unknown env", lambda d: d["env"].update(name="chess"), "field 'env.name': unknown environment 'chess'; allowed: ['code', 'math', 'plan_path', 'sokoban', 'sudoku', 'toy']"),
     ("unknown model", lambda d: d["policies"]["shared"].update(model="gpt-17"), "field 'policies.shared.model': unknown model 'gpt-17'; allowed: ['smollm2-135m-instruct', 'tiny-test']"),
     ("k below two", lambda d: d["algorithm"].update(k=1), "field 'algorithm.k': must be at least 2"),
     ("role policy missing", lambda d: d["roles"][0].update(policy="nope"), "field 'roles.0.policy': 'nope' is not a policy; allowed: ['shared']"),
