@@ -283,20 +283,14 @@ def evaluate(
             _fail(f"{checkpoint_dir}: no saved policy {missing}; it has {found}")
     from mas_lab.backend import Backend
     from mas_lab.controller import Controller
-    from mas_lab.store import RunStore
-    from mas_lab.tracking import Tracker
 
     task = task.model_copy(update={"name": f"eval-{task.name}"})
-    run_dir = _new_run_dir(task)
-    (run_dir / "task.yaml").write_text(task_to_yaml(task))
-    store = RunStore(run_dir / "run.db")
-    tracker = Tracker(task.tracking.mlflow_uri, task.tracking.experiment, run_dir.name)
+    run_dir, store, tracker = _new_run(task, task_file)
     settings = {"checkpoint": str(checkpoint_dir or ""), "mode": mode or task.algorithm.mode, "swap_policies": str(swap),
                 "samples": str(samples)}
-    tracker.log_params({**flat_params(task), **{f"eval.{k}": v for k, v in settings.items()}})
+    tracker.log_params({f"eval.{k}": v for k, v in settings.items()})
     tracker.set_tag("mas_lab.kind", "eval")
-    store.set_meta(run_id=run_dir.name, kind="eval", task=task.model_dump(mode="json"), mlflow_run_id=tracker.run_id,
-                   status="running", **settings)
+    store.set_meta(kind="eval", status="running", **settings)
     backend = None
     try:
         with console.status("starting actors and loading models ..."):
@@ -357,8 +351,7 @@ def tui(
         _fail(str(exc))
     import time
 
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(task.tracking.runs_dir) / f"{task.name}-{stamp}-{secrets.token_hex(2)}"
+    run_dir = _new_run_dir(task)
     process = start_run(target, list(set_ or []), run_dir)
     while not (run_dir / "run.db").is_file():
         if process.poll() is not None:

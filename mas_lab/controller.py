@@ -179,7 +179,7 @@ class Controller:
         metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
         metrics["eval/time"] = time.perf_counter() - started
         self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
-        self.store.event(step, "eval", f"success {metrics['eval/success_rate']:.3f} on {len(episodes)} problems")
+        self.store.event(step, "eval", f"success {metrics['eval/success_rate']:.3f} on {len(episodes)} episodes")
         return metrics
 
     # --- the run: steps, safe points, checkpoints -------------------------------------------------
@@ -257,7 +257,7 @@ class Controller:
                 self._serve_requests()
                 if time.monotonic() - last_ping > 5.0:
                     last_ping = time.monotonic()
-                    self.control.publish(actors_alive=self.backend.alive() if hasattr(self.backend, "alive") else True)
+                    self.control.publish(actors_alive=self.backend.alive())
                 tell("paused", self.step)
         if self.stop_requested:
             self.checkpoint(self.step)

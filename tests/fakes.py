@@ -41,3 +41,6 @@ class FakeBackend:
 
     def sync_weights(self, version):
         return 0.0
+
+    def alive(self):
+        return True
