@@ -48,6 +48,7 @@ class Env(ABC):
     roles: ClassVar[tuple[str, ...]]
     single_role: ClassVar[str] = "solver"  # the one agent of the single-agent baseline
     parallel: ClassVar[bool] = False  # True: the agents of a turn all observe the turn's start state
+    shared: ClassVar[tuple[str, ...]] = ("problem", "params")  # read-only attributes clones share
     system_prompts: ClassVar[dict[str, str]] = {}
 
     def __init__(self, problem: Problem, params: dict[str, Any]):
@@ -100,10 +101,11 @@ class Env(ABC):
         return out
 
     def clone(self) -> "Env":
-        """An independent copy of the live state; the problem itself is shared (immutable)."""
+        """An independent copy of the live state; the problem and other read-only attributes
+        (`shared`) are shared, not copied."""
         new = copy.copy(self)
         for key, value in self.__dict__.items():
-            if key not in ("problem", "params"):
+            if key not in self.shared:
                 setattr(new, key, copy.deepcopy(value))
         return new
 

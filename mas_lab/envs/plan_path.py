@@ -65,6 +65,7 @@ def parse_moves(text: str) -> list[str]:
 class PlanPathEnv(ToolPlannerEnv):
     program_hint = "prints the list of moves from S to G, for example print(['R', 'D'])"
     answer_hint = "End with one line 'Moves: R D ...' using U, D, L, R."
+    shared = ToolPlannerEnv.shared + ("_dist",)  # BFS distances depend only on the problem
 
     def __init__(self, problem: Problem, params: dict[str, Any]):
         super().__init__(problem, params)
