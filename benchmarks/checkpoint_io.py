@@ -18,6 +18,7 @@ from pathlib import Path
 from mas_lab import checkpoint
 from mas_lab.backend import Backend
 from mas_lab.config import load_task
+from mas_lab.learner.samples import Sample
 
 
 def folder_size(path: Path) -> int:
@@ -27,8 +28,8 @@ def folder_size(path: Path) -> int:
 def measure(task_file: str) -> dict:
     task = load_task(task_file)
     backend = Backend(task, use_ray=False)
-    sample = {"prompt_ids": list(range(10, 60)), "response_ids": list(range(60, 80)), "advantage": 1.0}
-    backend.update({name: [sample, {**sample, "advantage": -1.0}] for name in task.policies})
+    prompt, response = list(range(10, 60)), list(range(60, 80))
+    backend.update({name: [Sample(prompt, response, 1.0), Sample(prompt, response, -1.0)] for name in task.policies})
     run_dir = Path(tempfile.mkdtemp(prefix="mas-lab-ckpt-"))
     try:
         path, write_s = checkpoint.save(run_dir, 1, {"step": 1, "cursor": 0}, backend.save_policies, keep_last=1)

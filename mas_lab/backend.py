@@ -11,12 +11,36 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from mas_lab.config import Sampling, TaskConfig
 from mas_lab.learner.learner import Learner
+from mas_lab.learner.samples import Sample
 from mas_lab.models import resolve
 from mas_lab.rollout.engine import Generation
 from mas_lab.rollout.worker import RolloutWorker
+
+
+@runtime_checkable
+class PolicyBackend(Protocol):
+    """What the controller needs of the actors behind a run: generate with a policy, update the
+    policies on their samples, push weights to the rollout side, save and load, liveness, shutdown.
+    `Backend` implements it with Ray actors (or in-process); tests implement it with fakes."""
+
+    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
+                 seed: int) -> list[list[Generation]]: ...
+
+    def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]: ...
+
+    def sync_weights(self, version: int) -> float: ...
+
+    def save_policies(self, folder: Path) -> None: ...
+
+    def load_policies(self, folder: Path, version: int, optimizer: bool = True) -> None: ...
+
+    def alive(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
 
 
 def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
@@ -53,7 +77,6 @@ class Backend:
         self.learners: dict[str, object] = {}  # host -> Learner
         self.host_of: dict[str, str] = {}
         threads = task.resources.torch_threads
-        algorithm = task.algorithm.model_dump()
         if use_ray:
             import ray
 
@@ -66,11 +89,11 @@ class Backend:
         for host, names in hosts_of(task).items():
             first = task.policies[names[0]]
             folder = resolve(first.model)
-            specs = {n: task.policies[n].lora.model_dump() if task.policies[n].lora else None for n in names}
+            specs = {n: task.policies[n].lora for n in names}
             adapters = {n: s for n, s in specs.items() if s}
             init_from = {n: task.policies[n].init_from for n in names if task.policies[n].init_from}
             self.workers[host] = self._new(worker_cls, folder, first.dtype, threads, adapters or None)
-            self.learners[host] = self._new(learner_cls, folder, algorithm, first.dtype, threads, task.train.seed,
+            self.learners[host] = self._new(learner_cls, folder, task.algorithm, first.dtype, threads, task.train.seed,
                                             specs, init_from)
             self.host_of.update({n: host for n in names})
         self._ready(task)
@@ -111,15 +134,14 @@ class Backend:
             return ray.get(handles)
         return handles
 
-    def generate(self, policy: str, prompts, n: int, sampling: Sampling, seed: int) -> list[list[Generation]]:
+    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
+                 seed: int) -> list[list[Generation]]:
         worker = self.workers[self.host_of[policy]]
-        handle = self._call(worker, "generate", policy, prompts, n, sampling.temperature, sampling.top_p,
-                            sampling.max_new_tokens, seed)
-        return self._wait([handle])[0]
+        return self._wait([self._call(worker, "generate", policy, prompts, n, sampling, seed)])[0]
 
-    def update(self, samples: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:
         """Update every policy on its own samples; hosts update in parallel under Ray."""
-        by_host: dict[str, dict[str, list[dict]]] = {}
+        by_host: dict[str, dict[str, list[Sample]]] = {}
         for policy, batch in samples.items():
             by_host.setdefault(self.host_of[policy], {})[policy] = batch
         hosts = list(by_host)

@@ -24,28 +24,29 @@ class _Strict(BaseModel):
 class Sampling(_Strict):
     """How a role samples its K candidates."""
 
-    temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(64, ge=1, le=8192)
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature; 0 means greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass (Holtzman et al. 2020)")
+    max_new_tokens: int = Field(64, ge=1, le=8192, description="most tokens of one candidate")
 
 
 class Role(_Strict):
     """One agent of the team. Turn order is the order of `roles` in the task file."""
 
-    name: str = Field(min_length=1)
-    policy: str = Field("shared", description="key into `policies` (the role -> policy map sigma)")
-    alpha: float = Field(1.0, ge=0.0, description="weight of the team reward for this role (paper Eq. 4)")
-    sampling: Sampling = Sampling()
+    name: str = Field(min_length=1, description="the role: must match the environment's roles, in order")
+    policy: str = Field("shared", description="key into `policies`: the role -> policy map sigma")
+    alpha: float = Field(1.0, ge=0.0, description="weight of the team reward: r = alpha * team + local (paper Eq. 4)")
+    sampling: Sampling = Field(default_factory=Sampling, description="how this role samples its K candidates")
 
 
 class Lora(_Strict):
     """A LoRA adapter (Hu et al. 2021) on the policy's base model. Policies with LoRA on the same
     base model and dtype share one base in one rollout worker and one learner: per-role adapters."""
 
-    rank: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0.0)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    rank: int = Field(8, ge=1, description="LoRA rank r")
+    alpha: float = Field(16.0, gt=0.0, description="LoRA scaling alpha (the update is scaled by alpha / r)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+                                      description="module names that get an adapter")
     modules_to_save: list[str] = Field(default_factory=list, description="modules trained in full, one copy per adapter")
 
 
@@ -53,7 +54,8 @@ class Policy(_Strict):
     """One trainable model. Several roles may share it (M = 1) or each have its own (M = N)."""
 
     model: str = Field(description="a named model (`mas-lab models`), an HF folder or a hub id")
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="bfloat16: bf16 generation and bf16-autocast training over float32 master weights")
     lora: Optional[Lora] = Field(None, description="train a LoRA adapter instead of the full model")
     init_from: Optional[str] = Field(None, description="a saved policy folder (checkpoints/step-N/policies/NAME)")
 
@@ -66,18 +68,25 @@ class Algorithm(_Strict):
         description="at_grpo: tree sampling, groups per (problem, agent, turn); mas_grpo: K independent "
         "multi-agent trajectories, one group per problem; single_agent: one role does the task, GRPO over K trajectories",
     )
-    k: int = Field(4, description="candidates per (turn, agent): the group size K")
-    clip_eps_low: float = Field(0.2, gt=0.0, lt=1.0)
-    clip_eps_high: float = Field(0.2, gt=0.0)
-    dual_clip: Optional[float] = Field(None, description="dual-clip constant c (>1) for negative advantages")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-    lr: float = Field(1e-5, gt=0.0)
-    weight_decay: float = Field(0.01, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
-    epochs: int = Field(1, ge=1)
+    k: int = Field(4, description="candidates per (turn, agent): the group size K (at least 2)")
+    clip_eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip: the ratio is clipped below at 1 - eps_low "
+                                "(Schulman et al. 2017)")
+    clip_eps_high: float = Field(0.2, gt=0.0, description="clip above at 1 + eps_high; above eps_low is DAPO's "
+                                 "clip-higher (Yu et al. 2025)")
+    dual_clip: Optional[float] = Field(None, description="dual-clip constant c > 1: the loss of a negative-advantage "
+                                       "token is capped at -c * A (Ye et al. 2020)")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = Field(
+        "token_mean", description="token_mean: mean over all response tokens of the batch (DAPO; length-unbiased as "
+        "in Dr. GRPO, Liu et al. 2025); seq_mean_token_mean: mean per sequence, then over sequences (GRPO, Shao et al. 2024)")
+    lr: float = Field(1e-5, gt=0.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0.0, description="gradient norm clip per policy")
+    epochs: int = Field(1, ge=1, description="passes over a step's samples (1: logp_old = logp.detach())")
     micro_batch: int = Field(8, ge=1, description="samples per forward/backward (memory only; the loss is the same)")
-    filter: Literal["none", "zero_std"] = "none"
-    std_eps: float = Field(1e-6, gt=0.0)
+    filter: Literal["none", "zero_std"] = Field(
+        "none", description="zero_std drops groups whose rewards are all equal (DAPO's dynamic sampling filter, "
+        "without resampling); the drops are counted")
+    std_eps: float = Field(1e-6, gt=0.0, description="eps in A = (r - mean) / (std + eps) (paper Eq. 3)")
 
     @field_validator("k")
     @classmethod
@@ -97,26 +106,28 @@ class Algorithm(_Strict):
 class Train(_Strict):
     """The training budget."""
 
-    steps: int = Field(10, ge=0)
+    steps: int = Field(10, ge=0, description="training steps")
     problems_per_step: int = Field(4, ge=1, description="E distinct problems per step")
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after)")
-    eval_problems: int = Field(8, ge=0, description="held-out problems per evaluation")
-    seed: int = 0
+    eval_problems: int = Field(8, ge=0, description="held-out problems per evaluation (greedy, one trajectory each)")
+    seed: int = Field(0, description="seeds problems, sampling and the learner")
 
 
 class Resources(_Strict):
     """Where the actors run. Without `ray_address` a local Ray instance is started."""
 
-    ray_address: Optional[str] = None
-    rollout_cpus: float = Field(1.0, gt=0.0)
-    learner_cpus: float = Field(1.0, gt=0.0)
+    ray_address: Optional[str] = Field(None, description="join this Ray cluster instead of starting a local one")
+    rollout_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker")
+    learner_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per learner")
     torch_threads: int = Field(0, ge=0, description="threads per actor; 0 means every core of the machine")
 
 
 class Tracking(_Strict):
-    mlflow_uri: str = "sqlite:///mlruns.db"
-    experiment: str = "mas-lab"
-    runs_dir: str = "runs"
+    """Where a run's records go."""
+
+    mlflow_uri: str = Field("sqlite:///mlruns.db", description="MLflow tracking URI")
+    experiment: str = Field("mas-lab", description="MLflow experiment")
+    runs_dir: str = Field("runs", description="where run folders go")
 
 
 class Checkpoint(_Strict):
@@ -127,21 +138,23 @@ class Checkpoint(_Strict):
 
 
 class Env(_Strict):
-    name: str
-    max_turns: int = Field(2, ge=1, description="T: turns per episode")
-    params: dict[str, Any] = Field(default_factory=dict)
+    """The environment (task family) and its parameters."""
+
+    name: str = Field(description="the environment (table below)")
+    max_turns: int = Field(2, ge=1, description="T: turns per episode (an episode also ends when solved)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the environment's parameters (table below)")
 
 
 class TaskConfig(_Strict):
-    name: str = "task"
-    env: Env
-    roles: list[Role] = Field(min_length=1)
-    policies: dict[str, Policy] = Field(min_length=1)
-    algorithm: Algorithm = Algorithm()
-    train: Train = Train()
-    resources: Resources = Resources()
-    tracking: Tracking = Tracking()
-    checkpoint: Checkpoint = Checkpoint()
+    name: str = Field("task", description="prefix of the run id")
+    env: Env = Field(description="the environment")
+    roles: list[Role] = Field(min_length=1, description="the agents, in turn order")
+    policies: dict[str, Policy] = Field(min_length=1, description="the trainable models, by name")
+    algorithm: Algorithm = Field(default_factory=Algorithm, description="AT-GRPO or a baseline, and the update")
+    train: Train = Field(default_factory=Train, description="the training budget")
+    resources: Resources = Field(default_factory=Resources, description="where the actors run")
+    tracking: Tracking = Field(default_factory=Tracking, description="where a run's records go")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="when to write checkpoints")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "TaskConfig":
@@ -158,9 +171,11 @@ class TaskConfig(_Strict):
         if self.env.name not in ENVS:
             raise ValueError(f"env.name: unknown environment '{self.env.name}'; allowed: {sorted(ENVS)}")
         env = ENVS[self.env.name]
-        problem = env.check_params(self.env.params)
-        if problem:
-            raise ValueError(f"env.params: {problem}")
+        try:  # each environment declares its parameters; the resolved task holds every one of them
+            params = env.Params.model_validate(self.env.params)
+        except ValidationError as exc:
+            raise ValueError("\n".join(_env_param_problem(e, env.Params) for e in exc.errors())) from None
+        self.env.params = params.model_dump(mode="json")
         expected = [env.single_role] if self.algorithm.mode == "single_agent" else list(env.roles)
         if names != expected:
             where = "in single_agent mode has the role" if self.algorithm.mode == "single_agent" else "has roles"
@@ -249,6 +264,16 @@ def _list_index(key: str, path: str, source: str) -> int:
     return int(key)
 
 
+def _env_param_problem(error: dict, params: type[BaseModel]) -> str:
+    """One `env.params` error as 'env.params.KEY: what is wrong' (a line of a ValueError)."""
+    where = ".".join(["env.params", *(str(p) for p in error["loc"])])
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown parameter; allowed: {sorted(params.model_fields)}"
+    got = error.get("input")
+    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    return f"{where}: {error['msg'].removeprefix('Value error, ')}{shown}"
+
+
 def _describe(error: dict) -> str:
     field = ".".join(str(p) for p in error["loc"]) or "(top level)"
     kind = error["type"]
@@ -257,8 +282,8 @@ def _describe(error: dict) -> str:
     if kind == "missing":
         return f"field '{field}': required but missing"
     msg = error["msg"].removeprefix("Value error, ")
-    if error["loc"] == () and ":" in msg:
-        return f"field '{msg.split(':', 1)[0]}':{msg.split(':', 1)[1]}"
+    if error["loc"] == () and ":" in msg:  # a cross-check names its own field(s), one per line
+        return "; ".join(f"field '{line.split(':', 1)[0]}':{line.split(':', 1)[1]}" for line in msg.splitlines())
     got = error.get("input")
     shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
     return f"field '{field}': {msg}{shown}"

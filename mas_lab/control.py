@@ -33,8 +33,7 @@ class RunControl:
     def request(self, command: str) -> None:
         if command not in COMMANDS:
             raise ControlError(f"unknown command '{command}'; allowed: {list(COMMANDS)}")
-        with self.store.db:
-            self.store.db.execute("INSERT INTO control (ts, command) VALUES (?, ?)", (time.time(), command))
+        self.store.add_control(command)
 
     def pause(self) -> None:
         self.request("pause")
@@ -50,16 +49,13 @@ class RunControl:
         state = dict(meta.get("state") or {})
         state["status"] = meta.get("status", "unknown")
         state["running"] = is_alive(state) and state["status"] == "running"
-        state["pending"] = [c for (c,) in self.store.db.execute("SELECT command FROM control WHERE done = 0 ORDER BY id")]
+        state["pending"] = self.store.pending_controls()
         return state
 
     # --- the controller ------------------------------------------------------------------------
     def take(self) -> list[str]:
         """Pending requests in order, marked as served."""
-        with self.store.db:
-            rows = self.store.db.execute("SELECT id, command FROM control WHERE done = 0 ORDER BY id").fetchall()
-            self.store.db.executemany("UPDATE control SET done = 1 WHERE id = ?", [(i,) for i, _ in rows])
-        return [command for _, command in rows]
+        return self.store.take_controls()
 
     def publish(self, **state) -> None:
         current = dict(self.store.meta().get("state") or {})

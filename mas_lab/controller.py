@@ -11,33 +11,35 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from mas_lab import checkpoint
 from mas_lab.algo import build_groups, build_trajectory_groups, filter_groups, group_stats, grpo_advantages
+from mas_lab.backend import PolicyBackend
 from mas_lab.config import TaskConfig
 from mas_lab.control import RunControl
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout
+from mas_lab.learner.samples import Sample
+from mas_lab.progress import Progress, ProgressEvent
 from mas_lab.store import RunStore
 from mas_lab.tracking import Tracker
 
-Progress = Callable[[dict], None]
-
 
 @dataclass
-class StepResult:
+class TrainStep:
+    """What one training step produced."""
+
     step: int
     episodes: list[Episode]
     metrics: dict[str, float]
 
 
-def compute_advantages(episodes: list[Episode], k: int, eps: float, mode: str = "at_grpo"):
+def compute_advantages(episodes: list[Episode], k: int, eps: float, tree: bool = True):
     """Build the groups of a step, check their invariants, and set each candidate's advantage.
 
-    at_grpo: groups (problem, agent, turn) of K candidates from one observation (Sec. 4.1).
-    mas_grpo / single_agent: groups (problem) of K independent trajectories."""
-    if mode == "at_grpo":
+    tree (at_grpo): groups (problem, agent, turn) of K candidates from one observation (Sec. 4.1).
+    Otherwise (mas_grpo, single_agent): groups (problem) of K independent trajectories."""
+    if tree:
         groups = build_groups([c for e in episodes for t in e.turns for c in t.candidates], k)
     else:
         trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
@@ -79,9 +81,12 @@ def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float
 
 
 class Controller:
-    def __init__(self, task: TaskConfig, backend, store: RunStore, tracker: Tracker | None = None,
+    def __init__(self, task: TaskConfig, backend: PolicyBackend, store: RunStore, tracker: Tracker | None = None,
                  run_dir: Path | None = None):
         self.task = task
+        # The mode, decided once: tree sampling (K candidates per (turn, agent), groups per
+        # (problem, agent, turn)) or K independent trajectories per problem (trajectory groups).
+        self.tree = task.algorithm.mode == "at_grpo"
         self.backend = backend
         self.store = store
         self.tracker = tracker
@@ -106,46 +111,41 @@ class Controller:
                 chosen.append(problem)
         return chosen
 
-    def train_step(self, step: int, progress: Progress | None = None) -> StepResult:
+    def train_step(self, step: int, progress: Progress | None = None) -> TrainStep:
+        """Algorithm 1, one step: sample, group, advantages, filter, update, sync, record."""
         task, algo = self.task, self.task.algorithm
+        tell = progress or (lambda event: None)
         started_wall = time.time()
         started = time.perf_counter()
         problems = self.next_problems()
         timing = Timing()
-        on_turn = (lambda t, r: progress({"phase": f"rollout t{t} {r}", "step": step})) if progress else None
         seed = call_seed(task.train.seed, "step", step)
-        if algo.mode == "at_grpo":  # tree sampling: K candidates per (turn, agent), best one continues
+        if self.tree:  # one live episode per problem; K candidates per (turn, agent), the best continues
             episodes = [Episode(i, p, self.pool.make(p)) for i, p in enumerate(problems)]
-            tree_rollout(task, episodes, self.generate, algo.k, seed, timing=timing, on_turn=on_turn)
-        else:  # K independent trajectories per problem, no branching
+        else:  # K independent trajectories per problem, one candidate per (turn, agent)
             episodes = [Episode(i * algo.k + j, p, self.pool.make(p)) for i, p in enumerate(problems) for j in range(algo.k)]
-            tree_rollout(task, episodes, self.generate, 1, seed, timing=timing, on_turn=on_turn)
+        tree_rollout(task, episodes, self.generate, algo.k if self.tree else 1, seed, timing=timing,
+                     on_turn=lambda t, role: tell(ProgressEvent(f"rollout t{t} {role}", step)))
 
-        groups = compute_advantages(episodes, algo.k, algo.std_eps, algo.mode)
+        groups = compute_advantages(episodes, algo.k, algo.std_eps, self.tree)
         kept, report = filter_groups(groups, algo.filter)
         kept_keys = {g.key for g in kept}
-        samples: dict[str, list[dict]] = {name: [] for name in task.policies}
+        samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
         for group in kept:
             for c in group.members:  # routed only to the policy of the candidate's role
-                samples[c.policy].append({"prompt_ids": c.prompt_ids, "response_ids": c.response_ids, "advantage": c.advantage})
+                samples[c.policy].append(Sample(c.prompt_ids, c.response_ids, c.advantage))
 
-        if progress:
-            progress({"phase": "learner", "step": step})
+        tell(ProgressEvent("learner", step))
         learner_started = time.perf_counter()
         updates = self.backend.update(samples)
         learner_s = time.perf_counter() - learner_started
-        if progress:
-            progress({"phase": "weight sync", "step": step})
+        tell(ProgressEvent("weight sync", step))
         sync_s = self.backend.sync_weights(step)
 
-        stats = []
-        for group in groups:
-            row = group_stats(group)
-            row.update(problem_id=group.key[0], role=group.key[1], turn=group.key[2], kept=group.key in kept_keys)
-            stats.append(row)
+        stats = [group_stats(group, kept=group.key in kept_keys) for group in groups]
         metrics = reward_metrics(episodes)
         metrics["groups"] = len(groups)
-        metrics["zero_std_frac"] = statistics.fmean(r["zero_std"] for r in stats) if stats else 0.0
+        metrics["zero_std_frac"] = statistics.fmean(float(g.zero_std) for g in stats) if stats else 0.0
         metrics["filtered_groups"] = report.dropped_groups
         metrics["filtered_samples"] = report.dropped_samples
         for name, update in updates.items():
@@ -162,7 +162,7 @@ class Controller:
         metrics["tokens_per_s"] = timing.generated_tokens / timing.generate_s if timing.generate_s else 0.0
 
         self.store.write_step(step, started_wall, episodes, "train", stats, metrics)
-        return StepResult(step, episodes, metrics)
+        return TrainStep(step, episodes, metrics)
 
     def evaluate(self, step: int, samples: int = 1) -> dict[str, float]:
         """Episodes on the fixed held-out problems, one trajectory each (K = 1): greedy when
@@ -188,31 +188,29 @@ class Controller:
         checking for pause/stop at every step boundary and checkpointing every `checkpoint.every`."""
         train, every = self.task.train, self.task.checkpoint.every
 
-        def tell(phase: str, step: int, **extra) -> None:
-            self.control.publish(step=step, phase=phase, paused=self.paused, last_checkpoint=self.last_checkpoint)
+        def tell(event: ProgressEvent) -> None:
+            self.control.publish(step=event.step, phase=event.phase, paused=self.paused,
+                                 last_checkpoint=self.last_checkpoint)
             if progress:
-                progress({"phase": phase, "step": step, **extra})
+                progress(event)
 
         if self.step == 0 and not self.store.metrics(0):
-            tell("eval", 0)
+            tell(ProgressEvent("eval", 0))
             self.evaluate(0)
             self.checkpoint(0)
-        while self.step < train.steps:
-            if not self.safe_point(tell):
-                break
+        while self.step < train.steps and self.safe_point(tell):
             step = self.step + 1
-            result = self.train_step(step, lambda event: tell(event["phase"], step))
+            result = self.train_step(step, tell)
             self.step = step
-            tell("done", step, metrics=result.metrics)
+            tell(ProgressEvent("done", step, result.metrics))
             if step == train.steps or (train.eval_every and step % train.eval_every == 0):
-                tell("eval", step)
+                tell(ProgressEvent("eval", step))
                 self.evaluate(step)
             if step == train.steps or (every and step % every == 0):
                 self.checkpoint(step)
-        else:
-            if self.last_checkpoint != self.step:
-                self.checkpoint(self.step)
-        tell("finished" if self.step >= train.steps else "stopped", self.step)
+        if self.step >= train.steps:
+            self.checkpoint(self.step)  # no-op when that step is already checkpointed
+        tell(ProgressEvent("finished" if self.step >= train.steps else "stopped", self.step))
         return self.summary()
 
     def summary(self) -> dict[str, float]:
@@ -250,7 +248,7 @@ class Controller:
         self._serve_requests()
         if self.paused and not self.stop_requested:
             self.checkpoint(self.step)
-            tell("paused", self.step)
+            tell(ProgressEvent("paused", self.step))
             last_ping = 0.0
             while self.paused and not self.stop_requested:
                 time.sleep(0.2)
@@ -258,7 +256,7 @@ class Controller:
                 if time.monotonic() - last_ping > 5.0:
                     last_ping = time.monotonic()
                     self.control.publish(actors_alive=self.backend.alive())
-                tell("paused", self.step)
+                tell(ProgressEvent("paused", self.step))
         if self.stop_requested:
             self.checkpoint(self.step)
             self.store.event(self.step, "stop", f"stopped after step {self.step}")

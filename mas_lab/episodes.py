@@ -27,8 +27,9 @@ class Generate(Protocol):
 
 
 @dataclass
-class Turn:
-    """One (turn, agent) of one episode: the observation, its K candidates, the chosen one."""
+class AgentTurn:
+    """One agent's action at one turn of one episode: the observation, its K candidates, the
+    chosen one, and the state after it."""
 
     turn: int
     role: str
@@ -41,14 +42,20 @@ class Turn:
 
 @dataclass
 class Episode:
+    """One problem's trajectory: its live state while it runs, then a plain record. `success`
+    and `final_state` are recorded once when the rollout ends (the store writes records, and
+    never calls into an environment, e.g. math grading, inside its transaction)."""
+
     index: int
     problem: Problem
     env: Env
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[AgentTurn] = field(default_factory=list)
+    success: bool = False
+    final_state: str = ""
 
-    @property
-    def success(self) -> bool:
-        return self.env.success
+    def finish(self) -> None:
+        self.success = self.env.success
+        self.final_state = self.env.render()
 
 
 @dataclass
@@ -58,7 +65,8 @@ class Timing:
     generated_tokens: int = 0
 
 
-_STEP_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="env-step")
+# Scores the K x E candidates of one (turn, agent): each on its own branch (sandbox runs wait on I/O).
+_SCORING_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="score")
 
 
 def call_seed(seed: int, *parts: object) -> int:
@@ -76,24 +84,31 @@ def tree_rollout(
     timing: Timing | None = None,
     on_turn: Callable[[int, str], None] | None = None,
 ) -> list[Episode]:
-    """Run Algorithm 1's sampling for up to T turns; mutates and returns `episodes`.
+    """Run Algorithm 1's sampling for up to T turns; mutates and returns `episodes`, each
+    finished (its success and final state recorded).
 
     Sequential workflows: each agent observes the live state after the agents before it acted,
     and its chosen branch becomes the live state. Parallel workflows (`Env.parallel`: math, code):
     every agent of a turn observes the state at the start of the turn, and after all of them have
     been sampled and scored, their chosen actions are applied to the live state in turn order."""
-    timing = timing or Timing()
+    _sample_turns(task, episodes, generate, k, seed, greedy, timing or Timing(), on_turn)
+    for episode in episodes:
+        episode.finish()
+    return episodes
+
+
+def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) -> None:
     parallel = bool(episodes) and episodes[0].env.parallel
     for turn in range(task.env.max_turns):
         live = [e for e in episodes if not e.env.done]
         if not live:
-            return episodes
+            return
         chosen_actions: list[list[tuple[str, str]]] = [[] for _ in live]
         for agent_index, role in enumerate(r.name for r in task.roles):
             if not parallel:
                 live = [e for e in live if not e.env.done]
                 if not live:
-                    return episodes
+                    return
             if on_turn:
                 on_turn(turn, role)
             for position, (episode, chosen_env, action) in enumerate(
@@ -110,12 +125,11 @@ def tree_rollout(
                     episode.env.step(role, turn, action)
                     record.state_after = episode.env.render()
             timing.reward_s += time.perf_counter() - started
-    return episodes
 
 
 def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing):
     """One (turn, agent): K candidates per live env in one batched call, each scored on its own
-    clone of the state. Records the Turn; yields (episode, chosen branch, chosen action)."""
+    clone of the state. Records the AgentTurn; yields (episode, chosen branch, chosen action)."""
     spec = task.role(role)
     sampling = spec.sampling.model_copy(update={"temperature": 0.0}) if greedy else spec.sampling
     prompts = [e.env.messages(role, turn) for e in live]
@@ -131,7 +145,7 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
     def score(branch: Env, generation: Generation):
         return branch.step(role, turn, generation.text)
 
-    results = list(_STEP_POOL.map(score, branches, flat))
+    results = list(_SCORING_POOL.map(score, branches, flat))
     timing.reward_s += time.perf_counter() - started
 
     for position, episode in enumerate(live):
@@ -148,6 +162,6 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
         chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
         candidates[chosen].chosen = True
         branch = branches[position * k + chosen]
-        episode.turns.append(Turn(turn, role, spec.policy, prompts[position][-1]["content"], candidates, chosen,
+        episode.turns.append(AgentTurn(turn, role, spec.policy, prompts[position][-1]["content"], candidates, chosen,
                                   branch.render()))
         yield episode, branch, candidates[chosen].response

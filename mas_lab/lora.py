@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import torch
 
+from mas_lab.config import Lora
 
-def attach(model, adapters: dict[str, dict]):
-    """Wrap `model` with one LoRA adapter per policy name (config dicts from the task file)."""
+
+def attach(model, adapters: dict[str, Lora]):
+    """Wrap `model` with one LoRA adapter per policy name (the `lora` sections of the task file)."""
     from peft import LoraConfig, get_peft_model
 
-    def config(spec: dict) -> LoraConfig:
-        return LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
-                          target_modules=list(spec["target_modules"]), task_type="CAUSAL_LM",
-                          modules_to_save=list(spec.get("modules_to_save") or []) or None)
+    def config(spec: Lora) -> LoraConfig:
+        return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                          target_modules=list(spec.target_modules), task_type="CAUSAL_LM",
+                          modules_to_save=list(spec.modules_to_save) or None)
 
     names = list(adapters)
     model = get_peft_model(model, config(adapters[names[0]]), adapter_name=names[0])

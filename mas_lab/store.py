@@ -5,11 +5,14 @@ transaction per step, so a step is either all there or absent.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Iterable
+
+from mas_lab.algo.groups import ALL_AGENTS, GroupStats
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -64,19 +67,33 @@ class RunStore:
         with self.db:
             self.db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), step, kind, message))
 
+    # --- control requests (the control API's queue) --------------------------------------------
+    def add_control(self, command: str) -> None:
+        with self.db:
+            self.db.execute("INSERT INTO control (ts, command) VALUES (?, ?)", (time.time(), command))
+
+    def pending_controls(self) -> list[str]:
+        return [c for (c,) in self.db.execute("SELECT command FROM control WHERE done = 0 ORDER BY id")]
+
+    def take_controls(self) -> list[str]:
+        """Pending requests in order, marked as served in the same transaction."""
+        with self.db:
+            rows = self.db.execute("SELECT id, command FROM control WHERE done = 0 ORDER BY id").fetchall()
+            self.db.executemany("UPDATE control SET done = 1 WHERE id = ?", [(i,) for i, _ in rows])
+        return [command for _, command in rows]
+
     def write_step(self, step: int, started: float, episodes: Iterable, kind: str,
-                   groups: list[dict] | None = None, metrics: dict[str, float] | None = None) -> None:
-        """Write one step's episodes (train or eval), group stats and metrics in one transaction."""
+                   groups: list[GroupStats] | None = None, metrics: dict[str, float] | None = None) -> None:
+        """Write one step's episodes (train or eval), group stats and metrics in one transaction.
+        Episodes are plain records: their final state and success were recorded by the rollout."""
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (step, started, time.time()))
             for episode in episodes:
                 self._write_episode(step, kind, episode)
-            for g in groups or []:
-                self.db.execute(
-                    "INSERT INTO groups VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (step, g["problem_id"], g["role"], g["turn"], g["n"], g["reward_mean"], g["reward_std"],
-                     g["reward_min"], g["reward_max"], g["adv_min"], g["adv_max"], int(g["zero_std"]), int(g["kept"])),
-                )
+            self.db.executemany(
+                f"INSERT INTO groups VALUES ({','.join('?' * (1 + len(dataclasses.fields(GroupStats))))})",
+                [(step, *dataclasses.astuple(g)) for g in groups or []],
+            )
             self.db.executemany(
                 "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", [(step, k, float(v)) for k, v in (metrics or {}).items()]
             )
@@ -85,7 +102,7 @@ class RunStore:
         cur = self.db.execute(
             "INSERT INTO episodes (step, kind, idx, problem_id, problem, success, final_state, turns) VALUES (?,?,?,?,?,?,?,?)",
             (step, kind, episode.index, episode.problem.id, json.dumps(episode.problem.data), int(episode.success),
-             episode.env.render(), len({t.turn for t in episode.turns})),
+             episode.final_state, len({t.turn for t in episode.turns})),
         )
         episode_id = cur.lastrowid
         for turn in episode.turns:
@@ -135,7 +152,20 @@ class RunStore:
             out.setdefault(s, {})[key] = value
         return out
 
+    def step_finish_times(self) -> dict[int, float]:
+        return dict(self.db.execute("SELECT step, finished FROM steps"))
+
+    def time_span(self) -> tuple[float | None, float | None]:
+        """When the first step started and the last one finished."""
+        first, last = self.db.execute("SELECT MIN(started), MAX(finished) FROM steps").fetchone()
+        return first, last
+
+    def first_step(self, kind: str = "train") -> int | None:
+        (step,) = self.db.execute("SELECT MIN(step) FROM episodes WHERE kind = ?", (kind,)).fetchone()
+        return step
+
     def rows(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        """Rows of a read query as dicts (tests and benchmarks inspect the store with it)."""
         cur = self.db.execute(query, args)
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
@@ -169,8 +199,10 @@ class RunStore:
     def events(self, after_ts: float = 0.0) -> list[dict[str, Any]]:
         return self.rows("SELECT ts, step, kind, message FROM events WHERE ts > ? ORDER BY ts", after_ts)
 
-    def groups(self, step: int) -> list[dict[str, Any]]:
-        return self.rows("SELECT * FROM groups WHERE step = ? ORDER BY problem_id, turn, role", step)
+    def groups(self, step: int) -> list[GroupStats]:
+        names = ", ".join(f.name for f in dataclasses.fields(GroupStats))
+        found = self.db.execute(f"SELECT {names} FROM groups WHERE step = ? ORDER BY problem_id, turn, role", (step,))
+        return [GroupStats(*row[:-2], zero_std=bool(row[-2]), kept=bool(row[-1])) for row in found]
 
     def group_aggregate(self) -> list[dict[str, Any]]:
         """Per (agent, turn) over all steps: how many groups, their mean reward and zero-std share,
@@ -188,13 +220,28 @@ class RunStore:
             " JOIN episodes e ON t.episode_id = e.id WHERE e.step = ? AND e.kind = 'train' AND e.problem_id = ?"
         )
         args: list[Any] = [step, problem_id]
-        if role != "*":
+        if role != ALL_AGENTS:
             query += " AND t.role = ? AND t.turn = ?"
             args += [role, turn]
         return self.rows(query + " ORDER BY e.idx, t.id, c.idx", *args)
 
     def episode_indices(self, step: int, kind: str = "train") -> list[int]:
         return [i for (i,) in self.db.execute("SELECT idx FROM episodes WHERE step = ? AND kind = ? ORDER BY idx", (step, kind))]
+
+    def turn_location(self, turn_id: int) -> tuple[int, int] | None:
+        """(step, episode index) of a stored turn row."""
+        return self.db.execute("SELECT e.step, e.idx FROM turns t JOIN episodes e ON t.episode_id = e.id WHERE t.id = ?",
+                               (turn_id,)).fetchone()
+
+    def next_zero_std_turn(self, after_turn_id: int) -> int | None:
+        """The first training turn row after `after_turn_id` that belongs to a zero-std group (as the
+        groups table records it: a (problem, agent, turn) group, or a whole trajectory group)."""
+        found = self.db.execute(
+            "SELECT t.id FROM turns t JOIN episodes e ON t.episode_id = e.id JOIN groups g ON g.step = e.step"
+            " AND g.problem_id = e.problem_id AND (g.role = ? OR (g.role = t.role AND g.turn = t.turn))"
+            " WHERE e.kind = 'train' AND t.id > ? AND g.zero_std = 1 ORDER BY t.id LIMIT 1", (ALL_AGENTS, after_turn_id),
+        ).fetchone()
+        return found[0] if found else None
 
     def search(self, text: str, kind: str = "train") -> list[dict[str, Any]]:
         """(step, episode, turn row) of every turn whose observation or a candidate mentions `text`."""

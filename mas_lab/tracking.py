@@ -59,7 +59,7 @@ class Tracker:
         A tag records how far MLflow has been fed, so a crash between the two loses nothing."""
         run = self.client.get_run(self.run_id)
         done = int(run.data.tags.get("mas_lab.logged_through_step", "-1"))
-        finished = dict(store.db.execute("SELECT step, finished FROM steps"))
+        finished = store.step_finish_times()
         for step, metrics in store.metrics().items():
             if done < step <= through_step:
                 self.log_metrics(step, metrics, finished.get(step))

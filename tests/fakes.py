@@ -29,7 +29,7 @@ class FakeEngine:
 
 
 class FakeBackend:
-    """Records what each policy's learner receives."""
+    """Records what each policy's learner receives; implements mas_lab.backend.PolicyBackend."""
 
     def __init__(self, engine):
         self.generate = engine
@@ -44,3 +44,12 @@ class FakeBackend:
 
     def alive(self):
         return True
+
+    def save_policies(self, folder):
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def load_policies(self, folder, version, optimizer=True):
+        pass
+
+    def shutdown(self):
+        pass

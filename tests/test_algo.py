@@ -68,7 +68,7 @@ def test_clipping_stops_the_gradient_outside_the_trust_region():
     logp_old = torch.zeros(1, 2)
     logp = torch.log(torch.tensor([[1.5, 0.5]])).requires_grad_(True)
     mask = torch.ones(1, 2)
-    loss, stats = clipped_policy_loss(logp, logp_old, torch.tensor([1.0]), mask, 0.2, 0.2)
+    loss, stats = clipped_policy_loss(logp, logp_old, torch.tensor([1.0]), mask, eps_low=0.2, eps_high=0.2)
     loss.backward()
     # ratio 1.5 with A > 0 is clipped (no gradient); ratio 0.5 with A > 0 is not (min picks it)
     assert logp.grad[0, 0] == 0.0 and logp.grad[0, 1] != 0.0

@@ -4,6 +4,7 @@ import torch
 
 from mas_lab.backend import Backend
 from mas_lab.config import load_task
+from mas_lab.learner.samples import Sample
 
 from conftest import ROOT
 
@@ -33,7 +34,7 @@ def test_update_then_sync_changes_what_the_worker_generates(ray_backend):
     task, backend = ray_backend
     host = backend.host_of["shared"]
     before = ray.get(backend.workers[host].stats.remote())
-    samples = [{"prompt_ids": [2, 10, 11, 3], "response_ids": [71, 71, 3], "advantage": a} for a in (1.0, -1.0, 0.5)]
+    samples = [Sample([2, 10, 11, 3], [71, 71, 3], a) for a in (1.0, -1.0, 0.5)]
     result = backend.update({"shared": samples})["shared"]
     assert result["samples"] == 3 and result["tokens"] == 9.0 and result["grad_norm"] > 0
     assert backend.sync_weights(1) >= 0.0
@@ -59,7 +60,7 @@ def test_per_role_full_models_are_placed_and_update_in_parallel(ray_backend):
         prompts = [[{"role": "user", "content": "write a"}]]
         for policy in ("p_first", "p_second"):
             assert len(backend.generate(policy, prompts, 2, task.roles[0].sampling, seed=0)[0]) == 2
-        sample = {"prompt_ids": [2, 10, 11, 3], "response_ids": [71, 3], "advantage": 1.0}
+        sample = Sample([2, 10, 11, 3], [71, 3], 1.0)
         result = backend.update({"p_first": [sample], "p_second": [sample, sample]})
         assert result["p_first"]["samples"] == 1 and result["p_second"]["samples"] == 2
     finally:

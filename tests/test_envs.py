@@ -12,7 +12,7 @@ PARAMS = {"size": 5, "wall_prob": 0.25, "min_distance": 2}
 def test_plan_path_problems_are_solvable_with_the_stored_shortest_length():
     rng = random.Random(1)
     for _ in range(50):
-        problem = PlanPathEnv.generate(rng, PARAMS)
+        problem = PlanPathEnv.draw_problem(rng, PARAMS)
         grid, start, goal = problem.data["grid"], tuple(problem.data["start"]), tuple(problem.data["goal"])
         path = shortest_path(grid, start, goal)
         assert len(path) == problem.data["shortest"] >= 2
@@ -22,8 +22,8 @@ def test_plan_path_problems_are_solvable_with_the_stored_shortest_length():
 
 
 def test_generator_is_reproducible_from_its_seed():
-    a = [PlanPathEnv.generate(random.Random(7), PARAMS).data for _ in range(3)]
-    b = [PlanPathEnv.generate(random.Random(7), PARAMS).data for _ in range(3)]
+    a = [PlanPathEnv.draw_problem(random.Random(7), PARAMS).data for _ in range(3)]
+    b = [PlanPathEnv.draw_problem(random.Random(7), PARAMS).data for _ in range(3)]
     assert a == b
 
 
@@ -38,7 +38,7 @@ def test_train_and_eval_pools_are_disjoint_by_content_hash():
 
 
 def test_the_solvers_answer_earns_full_reward_for_both_roles():
-    problem = PlanPathEnv.generate(random.Random(3), PARAMS)
+    problem = PlanPathEnv.draw_problem(random.Random(3), PARAMS)
     env = PlanPathEnv(problem, PARAMS)
     path = shortest_path(problem.data["grid"], tuple(problem.data["start"]), tuple(problem.data["goal"]))
     code = f"```python\nprint({path!r})\n```"
@@ -50,7 +50,7 @@ def test_the_solvers_answer_earns_full_reward_for_both_roles():
 
 
 def test_a_bfs_program_written_by_a_tool_agent_runs_in_the_sandbox():
-    problem = PlanPathEnv.generate(random.Random(5), PARAMS)
+    problem = PlanPathEnv.draw_problem(random.Random(5), PARAMS)
     grid, start, goal = problem.data["grid"], problem.data["start"], problem.data["goal"]
     program = f"""
 from collections import deque
@@ -74,7 +74,7 @@ print(path[::-1])
 
 
 def test_broken_or_illegal_answers_score_low():
-    problem = PlanPathEnv.generate(random.Random(3), PARAMS)
+    problem = PlanPathEnv.draw_problem(random.Random(3), PARAMS)
     env = PlanPathEnv(problem, PARAMS)
     assert env.step("tool", 0, "```python\nraise SystemExit(3)\n```").local == 0.0
     assert env.tool_output.startswith("[error]")
@@ -87,7 +87,7 @@ def test_broken_or_illegal_answers_score_low():
 def test_walls_stop_a_move_list():
     grid = ["..", "#."]
     assert distances(grid, (1, 1)) == [[2, 1], [-1, 0]]
-    problem = PlanPathEnv.generate(random.Random(0), {"size": 2, "wall_prob": 0.0, "min_distance": 1})
+    problem = PlanPathEnv.draw_problem(random.Random(0), {"size": 2, "wall_prob": 0.0, "min_distance": 1})
     env = PlanPathEnv(problem, {})
     _, legal = env.follow((0, 0), ["U"])
     assert not legal
@@ -107,7 +107,7 @@ def test_parse_moves(text, moves):
 
 
 def test_clone_is_independent_of_the_live_state():
-    problem = PlanPathEnv.generate(random.Random(3), PARAMS)
+    problem = PlanPathEnv.draw_problem(random.Random(3), PARAMS)
     env = PlanPathEnv(problem, PARAMS)
     branch = env.clone()
     path = shortest_path(problem.data["grid"], tuple(problem.data["start"]), tuple(problem.data["goal"]))

@@ -13,7 +13,7 @@ from mas_lab.envs.sudoku import count_solutions, is_solution
 def test_sokoban_puzzles_are_solvable_and_the_optimum_is_stored(boxes):
     rng = random.Random(boxes)
     for _ in range(15):
-        problem = SokobanEnv.generate(rng, {"boxes": boxes})
+        problem = SokobanEnv.draw_problem(rng, {"boxes": boxes})
         env = SokobanEnv(problem, {})
         assert len(env.boxes) == boxes and env.boxes != env.targets
         path = solve(env.walls, env.player, env.boxes, env.targets)
@@ -22,7 +22,7 @@ def test_sokoban_puzzles_are_solvable_and_the_optimum_is_stored(boxes):
 
 
 def test_sokoban_rewards_and_illegal_moves():
-    problem = SokobanEnv.generate(random.Random(4), {})
+    problem = SokobanEnv.draw_problem(random.Random(4), {})
     env = SokobanEnv(problem, {})
     path = solve(env.walls, env.player, env.boxes, env.targets)
     tool = env.clone().step("tool", 0, f"```python\nprint({path!r})\n```")
@@ -36,8 +36,8 @@ def test_sokoban_rewards_and_illegal_moves():
 
 def test_sokoban_and_sudoku_generators_are_reproducible():
     for env_cls, params in ((SokobanEnv, {"boxes": 2}), (SudokuEnv, {"size": 9, "blanks": 40})):
-        a = [env_cls.generate(random.Random(11), params).data for _ in range(2)]
-        b = [env_cls.generate(random.Random(11), params).data for _ in range(2)]
+        a = [env_cls.draw_problem(random.Random(11), params).data for _ in range(2)]
+        b = [env_cls.draw_problem(random.Random(11), params).data for _ in range(2)]
         assert a == b
 
 
@@ -45,7 +45,7 @@ def test_sokoban_and_sudoku_generators_are_reproducible():
 def test_sudoku_puzzles_have_exactly_one_solution(size, blanks):
     rng = random.Random(size)
     for _ in range(5):
-        problem = SudokuEnv.generate(rng, {"size": size, "blanks": blanks})
+        problem = SudokuEnv.draw_problem(rng, {"size": size, "blanks": blanks})
         puzzle, solution = problem.data["puzzle"], problem.data["solution"]
         assert is_solution(solution)
         assert count_solutions([row[:] for row in puzzle], limit=3) == 1
@@ -54,7 +54,7 @@ def test_sudoku_puzzles_have_exactly_one_solution(size, blanks):
 
 
 def test_sudoku_solution_scores_full_and_the_latin_square_hack_scores_nothing():
-    problem = SudokuEnv.generate(random.Random(2), {"size": 4, "blanks": 8})
+    problem = SudokuEnv.draw_problem(random.Random(2), {"size": 4, "blanks": 8})
     solution = problem.data["solution"]
     answer = "Grid:\n" + "\n".join(" ".join(map(str, row)) for row in solution)
     env = SudokuEnv(problem, {})

@@ -98,8 +98,8 @@ def test_6_samples_are_routed_only_to_their_role_policy(tmp_path):
     controller.train_step(1)
     samples = backend.updates[0]
     assert set(samples) == {"p_first", "p_second"}
-    prompts_first = {tuple(s["prompt_ids"]) for s in samples["p_first"]}
-    prompts_second = {tuple(s["prompt_ids"]) for s in samples["p_second"]}
+    prompts_first = {tuple(s.prompt_ids) for s in samples["p_first"]}
+    prompts_second = {tuple(s.prompt_ids) for s in samples["p_second"]}
     assert prompts_first and prompts_second and not prompts_first & prompts_second
     assert all(" first: write" in "".join(map(chr, p)) for p in prompts_first)
     assert all(" second: write" in "".join(map(chr, p)) for p in prompts_second)

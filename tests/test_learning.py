@@ -8,6 +8,7 @@ from mas_lab.backend import Backend
 from mas_lab.config import TaskConfig, load_task
 from mas_lab.controller import Controller
 from mas_lab.store import RunStore
+from mas_lab.learner.samples import Sample
 
 from conftest import ROOT
 
@@ -46,7 +47,7 @@ def test_one_policys_update_never_changes_anothers_weights(lora):
     learner = {p: backend.learners[h] for p, h in backend.host_of.items()}
     before = {p: clone(learner[p].weights(p)) for p in learner}
     base_before = clone({k: v for k, v in learner["p_first"].model.state_dict().items() if "lora_" not in k})
-    samples = [{"prompt_ids": [2, 10, 11], "response_ids": [71, 71, 3], "advantage": a} for a in (1.0, -1.0)]
+    samples = [Sample([2, 10, 11], [71, 71, 3], a) for a in (1.0, -1.0)]
     result = backend.update({"p_first": samples, "p_second": []})
     assert result["p_first"]["samples"] == 2 and result["p_second"]["samples"] == 0
     assert not same(learner["p_first"].weights("p_first"), before["p_first"]), "the updated policy did not move"

@@ -10,7 +10,8 @@ import pytest
 
 from mas_lab.control import RunControl
 from mas_lab.store import RunStore
-from tui.app import MasLabApp, mode_for, start_run
+from mas_lab import runs
+from tui.app import MasLabApp, mode_for
 
 from conftest import ROOT
 
@@ -113,12 +114,12 @@ def test_groups_screen_filters_sorts_and_opens_candidates(finished):
             assert table.row_count == len(store.groups(1)) == 16
             await pilot.press("a")
             assert "agent: first" in text(app, "#groups-title")
-            assert all(r["role"] == "first" for r in app.screen.shown) and table.row_count == 8
+            assert all(r.role == "first" for r in app.screen.shown) and table.row_count == 8
             await pilot.press("t")
             assert "turn: 0" in text(app, "#groups-title") and table.row_count == 4
             await pilot.press("s")
             assert "sort: reward_mean" in text(app, "#groups-title")
-            means = [r["reward_mean"] for r in app.screen.shown]
+            means = [r.reward_mean for r in app.screen.shown]
             assert means == sorted(means, reverse=True)
             await pilot.press("right_square_bracket")
             assert "groups of step 2" in text(app, "#groups-title")
@@ -190,7 +191,7 @@ def test_pause_and_resume_from_the_dashboard_of_a_run_in_another_process(tmp_pat
 def test_tui_with_a_task_file_starts_the_run_in_the_background(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "runs" / "started"
-    proc = start_run(ROOT / "tasks" / "toy.yaml", ["train.steps=2", "resources.torch_threads=1"], run_dir)
+    _, proc = runs.start_in_background(ROOT / "tasks" / "toy.yaml", ["train.steps=2", "resources.torch_threads=1"], run_dir)
     try:
         assert proc.wait(timeout=300) == 0, (run_dir / "run.log").read_text()[-2000:]
         assert RunStore(run_dir / "run.db").meta()["status"] == "finished"

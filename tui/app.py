@@ -1,9 +1,6 @@
 """The mas-lab dashboard: live, groups and replay screens over one run's store."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from textual.app import App, SystemCommand
@@ -45,15 +42,3 @@ class MasLabApp(App):
 def mode_for(run_dir: Path) -> str:
     """Live while the run's process is alive, replay once it has finished."""
     return "live" if RunControl(RunStore(run_dir / "run.db", create=False)).status()["running"] else "replay"
-
-
-def start_run(task_file: Path, overrides: list[str], run_dir: Path) -> subprocess.Popen:
-    """`mas-lab tui TASK.yaml`: start `mas-lab run` as its own process (it goes on if the
-    dashboard closes; stop it with `mas-lab stop RUN_DIR`), logging to RUN_DIR/run.log."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "mas_lab.cli", "run", str(task_file), "--run-dir", str(run_dir)]
-    for item in overrides:
-        command += ["--set", item]
-    log = open(run_dir / "run.log", "w")
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env={**os.environ, "COLUMNS": "120"})

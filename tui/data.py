@@ -41,10 +41,10 @@ def live_snapshot(run_dir: Path, events_after: float) -> LiveSnapshot:
         steps = store.metrics()
         train = [m for m in steps.values() if "time/step" in m]
         last = dict(train[-1]) if train else {}
-        span = store.rows("SELECT MIN(started) AS first, MAX(finished) AS last FROM steps")[0]
+        first, last_finished = store.time_span()
         mean_step = sum(m["time/step"] for m in train[-5:]) / len(train[-5:]) if train else None
         return LiveSnapshot(task, state, int(task.get("train", {}).get("steps", 0)), series, last,
-                            store.events(events_after), span["first"], span["last"], mean_step)
+                            store.events(events_after), first, last_finished, mean_step)
     finally:
         store.close()
 

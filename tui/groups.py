@@ -8,12 +8,16 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
+from mas_lab.algo.groups import GroupStats
+
 COLUMNS = ("problem_id", "role", "turn", "n", "reward_mean", "reward_std", "reward_min", "reward_max", "adv_min",
            "adv_max", "zero_std", "kept")
 SORTS = ("problem_id", "reward_mean", "reward_std", "zero_std", "role", "turn")
 
 
 def cell(value) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
@@ -57,7 +61,7 @@ class GroupsScreen(Screen):
         self.agent: str | None = None
         self.turn: int | None = None
         self.sort = "problem_id"
-        self.shown: list[dict] = []
+        self.shown: list[GroupStats] = []
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -91,15 +95,15 @@ class GroupsScreen(Screen):
 
     def load(self) -> None:
         rows = self.app.store.groups(self.step) if self.step is not None else []
-        self.agents = sorted({r["role"] for r in rows})
-        self.turns = sorted({r["turn"] for r in rows})
-        rows = [r for r in rows if (self.agent is None or r["role"] == self.agent) and (self.turn is None or r["turn"] == self.turn)]
+        self.agents = sorted({r.role for r in rows})
+        self.turns = sorted({r.turn for r in rows})
+        rows = [r for r in rows if (self.agent is None or r.role == self.agent) and (self.turn is None or r.turn == self.turn)]
         reverse = self.sort in ("reward_mean", "reward_std", "zero_std")
-        self.shown = sorted(rows, key=lambda r: (r[self.sort], r["problem_id"], r["turn"]), reverse=reverse)
+        self.shown = sorted(rows, key=lambda r: (getattr(r, self.sort), r.problem_id, r.turn), reverse=reverse)
         table = self.query_one("#groups", DataTable)
         table.clear()
         for r in self.shown:
-            table.add_row(*(cell(r[c]) for c in COLUMNS))
+            table.add_row(*(cell(getattr(r, c)) for c in COLUMNS))
         self.query_one("#groups-title", Static).update(
             f"groups of step {self.step} ({self.step_index + 1}/{len(self.steps)})   agent: {self.agent or 'all'}   "
             f"turn: {'all' if self.turn is None else self.turn}   sort: {self.sort}   {len(self.shown)} groups"
@@ -136,6 +140,6 @@ class GroupsScreen(Screen):
         if event.data_table.id != "groups" or not self.shown:
             return
         group = self.shown[event.cursor_row]
-        candidates = self.app.store.group_candidates(self.step, group["problem_id"], group["role"], group["turn"])
-        title = f"step {self.step}  problem {group['problem_id']}  agent {group['role']}  turn {group['turn']}"
+        candidates = self.app.store.group_candidates(self.step, group.problem_id, group.role, group.turn)
+        title = f"step {self.step}  problem {group.problem_id}  agent {group.role}  turn {group.turn}"
         self.app.push_screen(CandidatesScreen(title, candidates))

@@ -12,11 +12,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header, Input, Label, OptionList, Static
 
+from mas_lab.episode_text import candidate_headline
+
 
 def candidate_text(c: dict, label: str = "") -> Text:
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in c["components"].items())
-    head = (f"{'* ' if c['chosen'] else '  '}{label}candidate {c['idx']}  reward {c['reward']:.3f} (team {c['team']:.3f}, "
-            f"local {c['local']:.3f}; {parts})  advantage {c['advantage']:+.3f}  tokens {c['response_tokens']}")
+    head = f"{'* ' if c['chosen'] else '  '}{label}candidate {c['idx']}  {candidate_headline(c)}"
     text = Text(head + "\n", style="bold green" if c["chosen"] else "bold")
     text.append((c["response"] or "(empty)") + "\n")
     if c["info"]:
@@ -179,22 +179,18 @@ class ReplayScreen(Screen):
             self.show(event.option_index)
 
     def jump_to_turn(self, turn_id: int) -> None:
-        found = self.app.store.rows("SELECT e.step, e.idx FROM turns t JOIN episodes e ON t.episode_id = e.id WHERE t.id = ?", turn_id)
-        if not found:
+        found = self.app.store.turn_location(turn_id)
+        if found is None:
             return
-        step, episode = found[0]["step"], found[0]["idx"]
+        step, episode = found
         self.load_step(self.steps.index(step), self.app.store.episode_indices(step).index(episode))
         self.show(next(i for i, r in enumerate(self.episode["turns"]) if r["id"] == turn_id))
 
     def action_next_zero_std(self) -> None:
         """The next (turn, agent) after this one, in this or a later episode, whose K rewards are equal."""
-        after = self.current["id"] if self.current else 0
-        found = self.app.store.rows(
-            "SELECT t.id FROM turns t JOIN episodes e ON t.episode_id = e.id JOIN candidates c ON c.turn_id = t.id"
-            " WHERE e.kind = 'train' AND t.id > ? GROUP BY t.id HAVING COUNT(c.id) > 1 AND MAX(c.reward) = MIN(c.reward)"
-            " ORDER BY t.id LIMIT 1", after)
-        if found:
-            self.jump_to_turn(found[0]["id"])
+        found = self.app.store.next_zero_std_turn(self.current["id"] if self.current else 0)
+        if found is not None:
+            self.jump_to_turn(found)
         else:
             self.notify("no zero-std group after this one")
 

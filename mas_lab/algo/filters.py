@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mas_lab.algo.advantage import is_zero_std
 from mas_lab.algo.groups import Group
 
 
@@ -21,7 +22,7 @@ def filter_groups(groups: list[Group], name: str) -> tuple[list[Group], FilterRe
     if name == "none":
         kept = list(groups)
     elif name == "zero_std":
-        kept = [g for g in groups if max(g.rewards) - min(g.rewards) > 0.0]
+        kept = [g for g in groups if not is_zero_std(g.rewards)]
     else:
         raise ValueError(f"unknown group filter '{name}'")
     dropped = [g for g in groups if g not in kept]

@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import statistics
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from mas_lab.algo.advantage import is_zero_std
 
 
 class GroupError(ValueError):
@@ -17,6 +20,27 @@ class GroupError(ValueError):
 
 def prompt_hash(prompt_ids: list[int]) -> str:
     return hashlib.sha1(",".join(map(str, prompt_ids)).encode()).hexdigest()[:16]
+
+
+# The (agent, turn) of a trajectory-level group: every agent, every turn of the trajectory.
+ALL_AGENTS, ALL_TURNS = "*", -1
+
+
+class GroupKey(NamedTuple):
+    """(problem, agent, turn): the key of an AT-GRPO group. A trajectory-level group (mas_grpo,
+    single_agent) has agent ALL_AGENTS and turn ALL_TURNS: it spans the whole trajectory."""
+
+    problem_id: str
+    role: str
+    turn: int
+
+    @classmethod
+    def trajectory(cls, problem_id: str) -> "GroupKey":
+        return cls(problem_id, ALL_AGENTS, ALL_TURNS)
+
+    @property
+    def is_trajectory(self) -> bool:
+        return self.role == ALL_AGENTS
 
 
 @dataclass
@@ -41,8 +65,8 @@ class Candidate:
     state_after: str = ""
 
     @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.problem_id, self.role, self.turn)
+    def key(self) -> GroupKey:
+        return GroupKey(self.problem_id, self.role, self.turn)
 
     @property
     def prompt_hash(self) -> str:
@@ -53,9 +77,9 @@ class Candidate:
 class Group:
     """K units that share one baseline. Under AT-GRPO a unit is one candidate and the key is
     (problem, agent, turn); under trajectory-level GRPO (mas_grpo, single_agent) a unit is one
-    whole trajectory, its reward the mean of its actions' rewards, and the key (problem, '*', -1)."""
+    whole trajectory, its reward the mean of its actions' rewards, and the key GroupKey.trajectory."""
 
-    key: tuple[str, str, int]
+    key: GroupKey
     units: list[list[Candidate]]
     rewards: list[float]
 
@@ -71,7 +95,7 @@ class Group:
 
 def build_groups(candidates: list[Candidate], k: int) -> list[Group]:
     """Group candidates by (problem, agent, turn) and check every invariant of a group."""
-    by_key: dict[tuple[str, str, int], list[Candidate]] = {}
+    by_key: dict[GroupKey, list[Candidate]] = {}
     for candidate in candidates:
         by_key.setdefault(candidate.key, []).append(candidate)
     groups = []
@@ -87,9 +111,6 @@ def build_groups(candidates: list[Candidate], k: int) -> list[Group]:
     return groups
 
 
-TRAJECTORY = ("*", -1)  # the (agent, turn) part of a trajectory-level group's key
-
-
 def build_trajectory_groups(trajectories: list[tuple[str, list[Candidate]]], k: int) -> list[Group]:
     """Trajectory-level groups (plain GRPO applied to a MAS, AT_GRPO.md "Baselines"): the K
     independent trajectories of one problem form its group; R = mean reward of a trajectory."""
@@ -103,20 +124,35 @@ def build_trajectory_groups(trajectories: list[tuple[str, list[Candidate]]], k: 
         if len(units) != k:
             raise GroupError(f"problem {problem_id} has {len(units)} trajectories, expected exactly K={k}")
         returns = [statistics.fmean(c.reward for c in unit) for unit in units]
-        groups.append(Group((problem_id, *TRAJECTORY), units, returns))
+        groups.append(Group(GroupKey.trajectory(problem_id), units, returns))
     return groups
 
 
-def group_stats(group: Group) -> dict[str, float]:
+@dataclass(frozen=True)
+class GroupStats:
+    """One group's statistics: computed here, kept by the run store, shown by the dashboard."""
+
+    problem_id: str
+    role: str
+    turn: int
+    n: int
+    reward_mean: float
+    reward_std: float
+    reward_min: float
+    reward_max: float
+    adv_min: float
+    adv_max: float
+    zero_std: bool
+    kept: bool
+
+
+def group_stats(group: Group, kept: bool) -> GroupStats:
+    """Reward and advantage statistics of a group; `kept`: whether the filter let it through."""
     rewards = group.rewards
     advantages = [unit[0].advantage for unit in group.units]
-    return {
-        "n": len(rewards),
-        "reward_mean": statistics.fmean(rewards),
-        "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
-        "reward_min": min(rewards),
-        "reward_max": max(rewards),
-        "adv_min": min(advantages),
-        "adv_max": max(advantages),
-        "zero_std": float(max(rewards) - min(rewards) == 0.0),
-    }
+    return GroupStats(
+        *group.key, n=len(rewards), reward_mean=statistics.fmean(rewards),
+        reward_std=statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
+        reward_min=min(rewards), reward_max=max(rewards), adv_min=min(advantages), adv_max=max(advantages),
+        zero_std=is_zero_std(rewards), kept=kept,
+    )

@@ -15,6 +15,7 @@ def clipped_policy_loss(
     logp_old: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    *,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,

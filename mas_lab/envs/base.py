@@ -13,11 +13,13 @@ import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
+
+from pydantic import BaseModel, ConfigDict
 
 
 @dataclass
-class StepResult:
+class ActionResult:
     """What one action did. `team` is the team reward of the state after the action; `local` is
     the acting role's own reward, `components` its named parts (stored separately, Sec. 4.2)."""
 
@@ -25,6 +27,17 @@ class StepResult:
     local: float
     components: dict[str, float] = field(default_factory=dict)
     info: str = ""
+
+
+class EnvParams(BaseModel):
+    """An environment's `env.params`. Each environment declares its own subclass: every parameter
+    with a type, a default and a description; unknown or ill-typed parameters fail before any work."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def coerce(cls, params: "EnvParams | Mapping[str, Any] | None") -> "EnvParams":
+        return params if isinstance(params, cls) else cls.model_validate(dict(params or {}))
 
 
 @dataclass(frozen=True)
@@ -46,32 +59,34 @@ class Env(ABC):
     """One problem's live state. Subclasses set `roles` (turn order) and implement the game."""
 
     roles: ClassVar[tuple[str, ...]]
+    Params: ClassVar[type[EnvParams]] = EnvParams
     single_role: ClassVar[str] = "solver"  # the one agent of the single-agent baseline
     parallel: ClassVar[bool] = False  # True: the agents of a turn all observe the turn's start state
     shared: ClassVar[tuple[str, ...]] = ("problem", "params")  # read-only attributes clones share
     system_prompts: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: EnvParams | Mapping[str, Any] | None = None):
         self.problem = problem
-        self.params = params
+        self.params = self.Params.coerce(params)
         self.history: list[tuple[int, str, str]] = []  # (turn, role, chosen action)
 
     @classmethod
-    @abstractmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
+    def draw_problem(cls, rng: random.Random, params: EnvParams | Mapping[str, Any] | None = None,
+                     split: str = "train") -> Problem:
         """Draw one problem from the seeded generator (or the `split` data set: train or eval)."""
+        return cls._draw(rng, cls.Params.coerce(params), split)
 
     @classmethod
-    def check_params(cls, params: dict[str, Any]) -> str | None:
-        """None when `env.params` can be used, else a sentence saying what is wrong (before any work)."""
-        return None
+    @abstractmethod
+    def _draw(cls, rng: random.Random, params: Any, split: str) -> Problem:
+        """draw_problem with this environment's own Params."""
 
     @abstractmethod
     def observe(self, role: str, turn: int) -> str:
         """The user message role sees at this turn: the task plus the shared history so far."""
 
     @abstractmethod
-    def act(self, role: str, turn: int, action: str) -> StepResult:
+    def act(self, role: str, turn: int, action: str) -> ActionResult:
         """Apply one action to this state (mutates it) and score it."""
 
     @property
@@ -87,7 +102,7 @@ class Env(ABC):
         """A text picture of the state, for replay."""
         return ""
 
-    def step(self, role: str, turn: int, action: str) -> StepResult:
+    def step(self, role: str, turn: int, action: str) -> ActionResult:
         result = self.act(role, turn, action)
         self.history.append((turn, role, action))
         return result
@@ -117,16 +132,16 @@ class ProblemPool:
     whose content hash is in it. `train(i)` is deterministic in (seed, i), so a cursor resumes.
     """
 
-    def __init__(self, env_cls: type[Env], params: dict[str, Any], seed: int, eval_size: int):
+    def __init__(self, env_cls: type[Env], params: EnvParams | Mapping[str, Any] | None, seed: int, eval_size: int):
         self.env_cls = env_cls
-        self.params = params
+        self.params = env_cls.Params.coerce(params)
         self.seed = seed
         rng = random.Random(f"eval-{seed}")
         self.eval_set: list[Problem] = []
         seen: set[str] = set()
         attempts = 0
         while len(self.eval_set) < eval_size:
-            problem = env_cls.generate(rng, params, "eval")
+            problem = env_cls.draw_problem(rng, self.params, "eval")
             attempts += 1
             if problem.content_hash not in seen:
                 seen.add(problem.content_hash)
@@ -140,7 +155,7 @@ class ProblemPool:
     def train(self, index: int) -> Problem:
         while len(self._train) <= index:
             for _ in range(10_000):
-                problem = self.env_cls.generate(self._train_rng, self.params, "train")
+                problem = self.env_cls.draw_problem(self._train_rng, self.params, "train")
                 if problem.content_hash not in self.eval_hashes:
                     break
             else:

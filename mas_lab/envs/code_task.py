@@ -14,8 +14,10 @@ import ast
 import json
 from typing import Any
 
-from mas_lab.envs.base import Problem, StepResult
-from mas_lab.envs.datasets import DatasetEnv, code_problems
+from pydantic import Field
+
+from mas_lab.envs.base import ActionResult, Problem
+from mas_lab.envs.datasets import DatasetEnv, DatasetParams, code_problems
 from mas_lab.envs.games import extract_code
 from mas_lab.sandbox import Limits, run_python
 
@@ -49,19 +51,23 @@ def split_tests(text: str) -> list[str]:
     return [ast.unparse(node) for node in tree.body if isinstance(node, ast.Assert)]
 
 
+class CodeParams(DatasetParams):
+    train: str = Field("mbpp", description="training set: mbpp, humaneval, or a local JSONL with prompt and tests")
+    eval: list[str] = Field(["humaneval"], description="evaluation sets (names or JSONL paths)")
+    load = staticmethod(code_problems)
+
+
 class CodeEnv(DatasetEnv):
     roles = ("coder", "tester")
     parallel = True
-    default_train = "mbpp"
-    default_eval = ("humaneval",)
-    load = staticmethod(code_problems)
+    Params = CodeParams
     system_prompts = {
         "coder": "You are the coder. Write the Python solution in one ```python code block.",
         "tester": "You are the tester. Write unit tests as Python assert statements in one ```python code block.",
         "solver": "Write the Python solution in one ```python code block.",
     }
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
         self.code: str | None = None
         self.tests: list[str] | None = None
@@ -81,7 +87,7 @@ class CodeEnv(DatasetEnv):
             text += f"Mismatches: {self.mismatch or 'none'}\nRefine your part.\n"
         return text + ("Write the unit tests." if role == "tester" else "Write the solution.")
 
-    def act(self, role: str, turn: int, action: str) -> StepResult:
+    def act(self, role: str, turn: int, action: str) -> ActionResult:
         if role == "tester":
             tests = split_tests(action)
             valid = [t for t in tests if self._compiles(t)]
@@ -93,7 +99,7 @@ class CodeEnv(DatasetEnv):
                 ref_rate = sum(passed) / len(passed)
             self.tests = valid
             self._update_mismatch()
-            return StepResult(team=self.golden_rate, local=0.2 * validity + 0.8 * ref_rate,
+            return ActionResult(team=self.golden_rate, local=0.2 * validity + 0.8 * ref_rate,
                               components={"valid": validity, "reference_pass": ref_rate}, info=f"{len(valid)} tests")
         code = extract_code(action)
         builds = float(self._compiles(code))
@@ -101,7 +107,7 @@ class CodeEnv(DatasetEnv):
         self.code = code
         self.golden_rate = self._golden(code) if builds else 0.0
         self._update_mismatch()
-        return StepResult(team=self.golden_rate, local=0.1 * builds + 0.1 * runs + 0.8 * self.golden_rate,
+        return ActionResult(team=self.golden_rate, local=0.1 * builds + 0.1 * runs + 0.8 * self.golden_rate,
                           components={"builds": builds, "runs": runs, "golden_pass": self.golden_rate},
                           info=f"golden pass rate {self.golden_rate:.2f}")
 

@@ -15,9 +15,11 @@ import json
 import random
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
-from mas_lab.envs.base import Env, Problem
+from pydantic import Field, field_validator, model_validator
+
+from mas_lab.envs.base import Env, EnvParams, Problem
 
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
                  "prealgebra", "precalculus")
@@ -119,32 +121,42 @@ def _literal_list(text):
     return list(ast.literal_eval(text)) if isinstance(text, str) else list(text)
 
 
-class DatasetEnv(Env):
-    """An environment whose problems come from data sets named in `env.params` (`train`: one set,
-    `eval`: a list), checked before any work and drawn with the pool's seeded generator."""
+class DatasetParams(EnvParams):
+    """The data sets of a math or code environment; every one is loaded (and so checked) when the
+    task file is validated, before any work."""
 
-    default_train: ClassVar[str]
-    default_eval: ClassVar[tuple[str, ...]]
-    load: ClassVar[Callable[[str], tuple[dict, ...]]]
+    train: str = Field(description="training set: a packaged name or a local JSONL path")
+    eval: list[str] = Field(description="evaluation sets: packaged names or local JSONL paths")
 
+    @field_validator("eval", mode="before")
     @classmethod
-    def sets(cls, params: dict[str, Any], split: str) -> list[str]:
-        if split == "train":
-            return [params.get("train", cls.default_train)]
-        sets = params.get("eval", list(cls.default_eval))
-        return [sets] if isinstance(sets, str) else list(sets)
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> str | None:
+    @model_validator(mode="after")
+    def _sets_exist(self) -> "DatasetParams":
         try:
-            for split in ("train", "eval"):
-                for name in cls.sets(params, split):
-                    cls.load(name)
+            for name in [self.train, *self.eval]:
+                self.load(name)
         except DatasetError as exc:
-            return str(exc)
-        return None
+            raise ValueError(str(exc)) from None
+        return self
+
+    @staticmethod
+    def load(name: str) -> tuple[dict, ...]:
+        raise NotImplementedError
+
+    def sets(self, split: str) -> list[str]:
+        return [self.train] if split == "train" else list(self.eval)
+
+
+class DatasetEnv(Env):
+    """An environment whose problems come from the data sets named in `env.params`, drawn with
+    the pool's seeded generator."""
+
+    Params: ClassVar[type[DatasetParams]]
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
-        records = [r for name in cls.sets(params, split) for r in cls.load(name)]
+    def _draw(cls, rng: random.Random, params: DatasetParams, split: str) -> Problem:
+        records = [r for name in params.sets(split) for r in params.load(name)]
         return Problem(dict(rng.choice(records)))

@@ -16,7 +16,9 @@ import re
 from abc import abstractmethod
 from typing import Any
 
-from mas_lab.envs.base import Env, Problem, StepResult
+from pydantic import Field
+
+from mas_lab.envs.base import ActionResult, Env, EnvParams, Problem
 from mas_lab.sandbox import Limits, run_python
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -27,12 +29,17 @@ def extract_code(text: str) -> str:
     return blocks[-1] if blocks else text
 
 
+class GameParams(EnvParams):
+    tool_timeout_s: float = Field(3.0, gt=0.0, le=60.0, description="wall-clock limit of one tool program (s)")
+
+
 class ToolPlannerEnv(Env):
     roles = ("tool", "planner")
+    Params = GameParams
     answer_hint = ""  # how the planner states its answer, e.g. "Moves: R D"
     program_hint = ""  # what the tool agent's program must print
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
         self.tool_code = ""
         self.tool_output = ""
@@ -77,19 +84,19 @@ class ToolPlannerEnv(Env):
             + self.answer_hint
         )
 
-    def act(self, role: str, turn: int, action: str) -> StepResult:
+    def act(self, role: str, turn: int, action: str) -> ActionResult:
         if role == "tool":
             return self._act_tool(action)
         answer = self.parse(action)
         legal = answer is not None and self.apply(answer)
         fmt = 1.0 if legal else 0.0
         value = self.value()
-        return StepResult(team=value, local=0.2 * fmt + 0.8 * value, components={"format": fmt, "value": value},
+        return ActionResult(team=value, local=0.2 * fmt + 0.8 * value, components={"format": fmt, "value": value},
                           info=f"answer={answer!r} legal={legal}")
 
-    def _act_tool(self, action: str) -> StepResult:
+    def _act_tool(self, action: str) -> ActionResult:
         self.tool_code = extract_code(action)
-        wall = float(self.params.get("tool_timeout_s", 3.0))
+        wall = self.params.tool_timeout_s
         # the wall limit decides; the CPU limit (one second later) is only a backstop
         result = run_python(self.tool_code, Limits(wall_s=wall, cpu_s=int(wall) + 1, output_chars=2000))
         self.tool_output = result.stdout if result.ok else f"[{result.status}] {result.stderr[-300:]}"
@@ -100,7 +107,7 @@ class ToolPlannerEnv(Env):
             trial = self.clone()  # what the tool's answer would do, without acting on the live state
             trial.apply(answer)
             value = trial.value()
-        return StepResult(team=self.value(), local=0.1 * ran + 0.1 * parsed + 0.8 * value,
+        return ActionResult(team=self.value(), local=0.1 * ran + 0.1 * parsed + 0.8 * value,
                           components={"ran": ran, "parsed": parsed, "value": value},
                           info=f"status={result.status} answer={answer!r}")
 

@@ -15,8 +15,10 @@ import logging
 import re
 from typing import Any
 
-from mas_lab.envs.base import Problem, StepResult
-from mas_lab.envs.datasets import DatasetEnv, last_boxed, math_problems
+from pydantic import Field
+
+from mas_lab.envs.base import ActionResult, Problem
+from mas_lab.envs.datasets import DatasetEnv, DatasetParams, last_boxed, math_problems
 from mas_lab.envs.games import extract_code
 from mas_lab.sandbox import Limits, run_python
 
@@ -41,12 +43,18 @@ def _answers_agree(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and (a.strip() == b.strip() or grade(a, b))
 
 
+class MathParams(DatasetParams):
+    train: str = Field("math_train", description="training set: math_train (the MATH test set minus MATH-500), "
+                       "math500, gsm8k, or a local JSONL with problem and answer")
+    eval: list[str] = Field(["math500", "gsm8k"], description="evaluation sets (names or JSONL paths)")
+    tool_timeout_s: float = Field(5.0, gt=0.0, le=60.0, description="wall-clock limit of one tool program (s)")
+    load = staticmethod(math_problems)
+
+
 class MathEnv(DatasetEnv):
     roles = ("reasoner", "tool")
     parallel = True
-    default_train = "math_train"
-    default_eval = ("math500", "gsm8k")
-    load = staticmethod(math_problems)
+    Params = MathParams
     system_prompts = {
         "reasoner": "You are the reasoner. Solve the problem step by step and put the final answer in \\boxed{}.",
         "tool": "You are the tool agent. Write a short Python program that computes the answer and prints only it. "
@@ -54,7 +62,7 @@ class MathEnv(DatasetEnv):
         "solver": "Solve the problem step by step and put the final answer in \\boxed{}.",
     }
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
         self.answers: dict[str, str | None] = {}
         self.notes: dict[str, str] = {}
@@ -76,7 +84,7 @@ class MathEnv(DatasetEnv):
             return text + "Write the Python program that prints the answer."
         return text + "Give the final answer in \\boxed{}."
 
-    def act(self, role: str, turn: int, action: str) -> StepResult:
+    def act(self, role: str, turn: int, action: str) -> ActionResult:
         if role == "tool":
             code = extract_code(action)
             try:
@@ -84,7 +92,7 @@ class MathEnv(DatasetEnv):
                 builds = 1.0
             except (SyntaxError, ValueError):
                 builds = 0.0
-            result = run_python(code, Limits(wall_s=float(self.params.get("tool_timeout_s", 5.0)), output_chars=2000)) if builds else None
+            result = run_python(code, Limits(wall_s=self.params.tool_timeout_s, output_chars=2000)) if builds else None
             executes = float(result is not None and result.ok)
             lines = [l for l in (result.stdout if result else "").splitlines() if l.strip()]
             answer = lines[-1].strip() if executes and lines else None
@@ -100,7 +108,7 @@ class MathEnv(DatasetEnv):
         match = float(grade(answer, self.gold))
         components["match"] = match
         team = float(grade(self.team_answer(), self.gold))
-        return StepResult(team=team, local=weights[0] + weights[1] * match, components=components,
+        return ActionResult(team=team, local=weights[0] + weights[1] * match, components=components,
                           info=f"answer={answer!r} gold={self.gold!r}")
 
     @property

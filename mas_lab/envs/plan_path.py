@@ -14,8 +14,10 @@ import re
 from collections import deque
 from typing import Any
 
+from pydantic import Field
+
 from mas_lab.envs.base import Problem
-from mas_lab.envs.games import ToolPlannerEnv
+from mas_lab.envs.games import GameParams, ToolPlannerEnv
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 _WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
@@ -62,21 +64,26 @@ def parse_moves(text: str) -> list[str]:
 
 
 
+class PlanPathParams(GameParams):
+    size: int = Field(5, ge=2, le=32, description="grid side length")
+    wall_prob: float = Field(0.2, ge=0.0, le=0.9, description="probability that a cell is a wall")
+    min_distance: int = Field(2, ge=1, description="least BFS distance from start to goal")
+
+
 class PlanPathEnv(ToolPlannerEnv):
+    Params = PlanPathParams
     program_hint = "prints the list of moves from S to G, for example print(['R', 'D'])"
     answer_hint = "End with one line 'Moves: R D ...' using U, D, L, R."
     shared = ToolPlannerEnv.shared + ("_dist",)  # BFS distances depend only on the problem
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
         self.pos: tuple[int, int] = tuple(problem.data["start"])
         self._dist = distances(problem.data["grid"], tuple(problem.data["goal"]))
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
-        size = int(params.get("size", 5))
-        wall_prob = float(params.get("wall_prob", 0.2))
-        min_dist = int(params.get("min_distance", 2))
+    def _draw(cls, rng: random.Random, params: PlanPathParams, split: str) -> Problem:
+        size, wall_prob, min_dist = params.size, params.wall_prob, params.min_distance
         for _ in range(1000):
             cells = [["#" if rng.random() < wall_prob else "." for _ in range(size)] for _ in range(size)]
             start = (rng.randrange(size), rng.randrange(size))

@@ -13,8 +13,10 @@ import random
 from collections import deque
 from typing import Any
 
+from pydantic import Field
+
 from mas_lab.envs.base import Problem
-from mas_lab.envs.games import ToolPlannerEnv
+from mas_lab.envs.games import GameParams, ToolPlannerEnv
 from mas_lab.envs.plan_path import MOVES, parse_moves
 
 Pos = tuple[int, int]
@@ -55,11 +57,20 @@ def solve(walls: frozenset, player: Pos, boxes: frozenset, targets: frozenset, l
     return None
 
 
+class SokobanParams(GameParams):
+    size: int = Field(6, ge=4, le=12, description="grid side length, walls included")
+    boxes: int = Field(1, ge=1, le=4, description="boxes (and targets)")
+    wall_prob: float = Field(0.1, ge=0.0, le=0.5, description="probability that an inner cell is a wall")
+    reverse_steps: int = Field(30, ge=1, le=1000, description="random pulls from the solved state")
+    min_moves: int = Field(3, ge=1, description="least moves of the optimal solution")
+
+
 class SokobanEnv(ToolPlannerEnv):
+    Params = SokobanParams
     program_hint = "prints the list of moves that pushes every box onto a target, for example print(['R', 'U'])"
     answer_hint = "End with one line 'Moves: R U ...' using U, D, L, R."
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
         self.player: Pos = tuple(problem.data["player"])
         self.boxes: frozenset = frozenset(tuple(b) for b in problem.data["boxes"])
@@ -74,12 +85,10 @@ class SokobanEnv(ToolPlannerEnv):
         return frozenset(tuple(t) for t in self.problem.data["targets"])
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
-        size = int(params.get("size", 6))
-        n_boxes = int(params.get("boxes", 1))
-        pulls = int(params.get("reverse_steps", 30))
+    def _draw(cls, rng: random.Random, params: SokobanParams, split: str) -> Problem:
+        size, n_boxes, pulls = params.size, params.boxes, params.reverse_steps
         for _ in range(1000):
-            grid = [["#" if r in (0, size - 1) or c in (0, size - 1) or rng.random() < params.get("wall_prob", 0.1)
+            grid = [["#" if r in (0, size - 1) or c in (0, size - 1) or rng.random() < params.wall_prob
                      else "." for c in range(size)] for r in range(size)]
             free = [(r, c) for r in range(size) for c in range(size) if grid[r][c] == "."]
             if len(free) < n_boxes + 2:
@@ -101,7 +110,7 @@ class SokobanEnv(ToolPlannerEnv):
             if boxes == targets:
                 continue
             path = solve(walls, player, boxes, targets)
-            if path and len(path) >= int(params.get("min_moves", 3)):
+            if path and len(path) >= params.min_moves:
                 return Problem({"grid": ["".join(row) for row in grid], "player": list(player),
                                 "boxes": sorted(list(b) for b in boxes), "targets": sorted(list(t) for t in targets),
                                 "optimal": len(path)})

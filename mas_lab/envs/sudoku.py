@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Any
+from typing import Any, Literal, Optional
+
+from pydantic import Field, model_validator
 
 from mas_lab.envs.base import Problem
-from mas_lab.envs.games import ToolPlannerEnv
+from mas_lab.envs.games import GameParams, ToolPlannerEnv
 
 Grid = list[list[int]]
 
@@ -80,25 +82,35 @@ def is_solution(grid: Grid) -> bool:
     return rows and cols and boxes
 
 
+class SudokuParams(GameParams):
+    size: Literal[4, 9] = Field(4, description="side length: 4 (2x2 boxes) or 9 (3x3 boxes)")
+    blanks: Optional[int] = Field(None, ge=1, description="empty cells (default size*size/2); a unique solution is kept")
+
+    @model_validator(mode="after")
+    def _blanks_fit(self) -> "SudokuParams":
+        if self.blanks is not None and self.blanks >= self.size * self.size:
+            raise ValueError(f"blanks must be below size*size = {self.size * self.size}")
+        return self
+
+
 class SudokuEnv(ToolPlannerEnv):
+    Params = SudokuParams
     program_hint = "prints the solved grid, one row per line, digits separated by spaces"
     answer_hint = "End with the solved grid: one row per line, digits separated by spaces, after a line 'Grid:'."
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
         self.grid: Grid = [list(row) for row in problem.data["puzzle"]]
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
-        n = int(params.get("size", 4))
-        if _box(n) ** 2 != n:
-            raise ValueError(f"sudoku: size must be a square (4 or 9), got {n}")
+    def _draw(cls, rng: random.Random, params: SudokuParams, split: str) -> Problem:
+        n = params.size
         solution = [[0] * n for _ in range(n)]
         _fill(solution, rng)
         puzzle = [row[:] for row in solution]
         cells = [(r, c) for r in range(n) for c in range(n)]
         rng.shuffle(cells)
-        target_blanks = int(params.get("blanks", n * n // 2))
+        target_blanks = params.blanks if params.blanks is not None else n * n // 2
         blanks = 0
         for r, c in cells:
             if blanks >= target_blanks:

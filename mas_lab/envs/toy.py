@@ -9,19 +9,27 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from mas_lab.envs.base import Env, Problem, StepResult
+from pydantic import Field
+
+from mas_lab.envs.base import ActionResult, Env, EnvParams, Problem
+
+
+class ToyParams(EnvParams):
+    letters: str = Field("a", min_length=1, description="letters a problem may ask for")
+    success_threshold: float = Field(0.9, ge=0.0, le=1.0, description="mean score that counts as solved")
 
 
 class ToyEnv(Env):
     roles = ("first", "second")
+    Params = ToyParams
 
-    def __init__(self, problem: Problem, params: dict[str, Any]):
+    def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
         self.scores: list[float] = []
 
     @classmethod
-    def generate(cls, rng: random.Random, params: dict[str, Any], split: str = "train") -> Problem:
-        letters = str(params.get("letters", "a"))
+    def _draw(cls, rng: random.Random, params: ToyParams, split: str) -> Problem:
+        letters = params.letters
         return Problem({"letter": rng.choice(letters), "number": rng.randrange(10**6)})
 
     def observe(self, role: str, turn: int) -> str:
@@ -29,16 +37,16 @@ class ToyEnv(Env):
         lines += [f"{r}@{t}: {a}" for t, r, a in self.history]
         return "\n".join(lines)
 
-    def act(self, role: str, turn: int, action: str) -> StepResult:
+    def act(self, role: str, turn: int, action: str) -> ActionResult:
         letter = self.problem.data["letter"]
         score = action.count(letter) / len(action) if action else 0.0
         self.scores.append(score)
         team = sum(self.scores) / len(self.scores)
-        return StepResult(team=team, local=score, components={"letter_fraction": score})
+        return ActionResult(team=team, local=score, components={"letter_fraction": score})
 
     @property
     def success(self) -> bool:
-        threshold = float(self.params.get("success_threshold", 0.9))
+        threshold = self.params.success_threshold
         return bool(self.scores) and sum(self.scores) / len(self.scores) >= threshold
 
     @property

@@ -16,6 +16,8 @@ import torch
 
 from mas_lab import lora
 from mas_lab.algo.loss import clipped_policy_loss
+from mas_lab.config import Algorithm, Lora
+from mas_lab.learner.samples import Sample
 from mas_lab.rollout.engine import set_threads
 
 
@@ -23,8 +25,8 @@ class Learner:
     """One base model and the policies trained on it: a single full policy, or one LoRA adapter
     per policy (each with its own optimizer, so an update touches only its adapter)."""
 
-    def __init__(self, model_dir: str, algorithm: dict, dtype: str = "float32", threads: int = 0, seed: int = 0,
-                 policies: dict[str, dict | None] | None = None, init_from: dict[str, str] | None = None):
+    def __init__(self, model_dir: str, algorithm: Algorithm, dtype: str = "float32", threads: int = 0, seed: int = 0,
+                 policies: dict[str, Lora | None] | None = None, init_from: dict[str, str] | None = None):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
 
@@ -50,7 +52,7 @@ class Learner:
         self.model.train()
         self.autocast = dtype == "bfloat16"
         self.optimizers = {
-            name: torch.optim.AdamW(group, lr=algorithm["lr"], weight_decay=algorithm["weight_decay"])
+            name: torch.optim.AdamW(group, lr=algorithm.lr, weight_decay=algorithm.weight_decay)
             for name, group in params.items()
         }
         self.params = params
@@ -58,9 +60,9 @@ class Learner:
             self.load(name, folder, optimizer=False)
         self.version = 0
 
-    def _batch(self, samples: list[dict]) -> tuple[torch.Tensor, ...]:
+    def _batch(self, samples: list[Sample]) -> tuple[torch.Tensor, ...]:
         """Right-padded [prompt + response] ids, attention mask, response-token mask, advantages."""
-        sequences = [s["prompt_ids"] + s["response_ids"] for s in samples]
+        sequences = [s.prompt_ids + s.response_ids for s in samples]
         width = max(len(seq) for seq in sequences)
         ids = torch.zeros(len(samples), width, dtype=torch.long)
         attention = torch.zeros(len(samples), width, dtype=torch.long)
@@ -69,8 +71,8 @@ class Learner:
             ids[row, : len(seq)] = torch.tensor(seq)
             attention[row, : len(seq)] = 1
             # token j+1 is predicted at position j; only response tokens carry loss
-            loss_mask[row, len(s["prompt_ids"]) - 1 : len(seq) - 1] = 1.0
-        advantages = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
+            loss_mask[row, len(s.prompt_ids) - 1 : len(seq) - 1] = 1.0
+        advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
         return ids, attention, loss_mask, advantages
 
     def _logp(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -84,7 +86,7 @@ class Learner:
         picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
         return torch.zeros(mask.shape, dtype=picked.dtype).masked_scatter(where, picked)
 
-    def update(self, samples: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:
         """Update each named policy on its own samples (routing by sigma happened upstream)."""
         out = {}
         for name, batch in samples.items():
@@ -94,42 +96,42 @@ class Learner:
         self.version += 1
         return out
 
-    def _update_policy(self, name: str, samples: list[dict]) -> dict[str, float]:
+    def _update_policy(self, name: str, samples: list[Sample]) -> dict[str, float]:
         """One policy update on this step's samples; returns loss, clip fraction, grad norm."""
         started = time.perf_counter()
         optimizer, params = self.optimizers[name], self.params[name]
         if not samples:
             return {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "learner_s": 0.0}
         algo = self.algo
-        size = algo["micro_batch"]
+        size = algo.micro_batch
         micro = [self._batch(samples[i : i + size]) for i in range(0, len(samples), size)]
         tokens = sum(float(m[2].sum()) for m in micro)
-        normalizer = tokens if algo["loss_agg"] == "token_mean" else float(len(samples))
+        normalizer = tokens if algo.loss_agg == "token_mean" else float(len(samples))
         old = None
-        if algo["epochs"] > 1:
+        if algo.epochs > 1:
             with torch.no_grad():
                 old = [self._logp(ids, att, mask) for ids, att, mask, _ in micro]
         total_loss, clipped, grad_norm = 0.0, 0.0, 0.0
-        for _ in range(algo["epochs"]):
+        for _ in range(algo.epochs):
             optimizer.zero_grad(set_to_none=True)
             epoch_loss = 0.0
             for i, (ids, attention, mask, advantages) in enumerate(micro):
                 logp = self._logp(ids, attention, mask)
                 logp_old = old[i] if old is not None else logp.detach()
                 loss, stats = clipped_policy_loss(
-                    logp, logp_old, advantages, mask, algo["clip_eps_low"], algo["clip_eps_high"],
-                    algo["dual_clip"], algo["loss_agg"], normalizer,
+                    logp, logp_old, advantages, mask, eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high,
+                    dual_clip=algo.dual_clip, agg=algo.loss_agg, normalizer=normalizer,
                 )
                 loss.backward()
                 epoch_loss += float(loss.detach())
                 clipped += stats["clipped_tokens"]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo["grad_clip"]))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo.grad_clip))
             if math.isfinite(grad_norm):
                 optimizer.step()
             total_loss = epoch_loss
         return {
             "loss": total_loss,
-            "clip_frac": clipped / max(tokens * algo["epochs"], 1.0),
+            "clip_frac": clipped / max(tokens * algo.epochs, 1.0),
             "grad_norm": grad_norm,
             "samples": len(samples),
             "tokens": tokens,
@@ -152,7 +154,7 @@ class Learner:
             tensors = {k: v.contiguous() for k, v in lora.adapter_state(self.model, name).items()}
             save_file(tensors, os.path.join(path, "adapter.safetensors"))
             with open(os.path.join(path, "adapter.json"), "w") as handle:
-                json.dump(self.adapters[name], handle)
+                json.dump(self.adapters[name].model_dump(mode="json"), handle)
         else:
             save_model(self.model, os.path.join(path, "model.safetensors"))
         torch.save({"optimizer": self.optimizers[name].state_dict(), "torch_rng": torch.get_rng_state(),

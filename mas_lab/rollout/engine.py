@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mas_lab.config import Lora, Sampling
+
 
 @dataclass
 class Generation:
@@ -29,7 +31,7 @@ def set_threads(threads: int) -> None:
 
 
 class HFEngine:
-    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, dict] | None = None):
+    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging
 
@@ -55,8 +57,8 @@ class HFEngine:
         return list(out["input_ids"])
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[dict[str, str]]], n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int, policy: str | None = None) -> list[list[Generation]]:
+    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
+                 seed: int) -> list[list[Generation]]:
         """For each prompt, n candidates. Seeded per call, so a step's samples are reproducible.
         With per-role adapters, `policy` names the adapter to generate with."""
         started = time.perf_counter()
@@ -70,15 +72,15 @@ class HFEngine:
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded])
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
         torch.manual_seed(seed)
-        greedy = temperature == 0.0
+        greedy = sampling.temperature == 0.0
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
             do_sample=not greedy,
-            temperature=None if greedy else temperature,
-            top_p=None if greedy else top_p,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
             top_k=None,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=sampling.max_new_tokens,
             num_return_sequences=n,
             pad_token_id=pad,
             eos_token_id=list(self.eos_ids),

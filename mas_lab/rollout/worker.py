@@ -1,18 +1,20 @@
 """RolloutWorker: serves one policy's generations; a plain class that Ray wraps as an actor."""
 from __future__ import annotations
 
+from mas_lab.config import Lora, Sampling
 from mas_lab.rollout.engine import Generation, HFEngine
 
 
 class RolloutWorker:
     """Serves one base model: a single full policy, or several policies as LoRA adapters."""
 
-    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict | None = None):
+    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None):
         self.engine = HFEngine(model_dir, dtype=dtype, threads=threads, adapters=adapters)
         self.version = 0
 
-    def generate(self, policy, prompts, n, temperature, top_p, max_new_tokens, seed) -> list[list[Generation]]:
-        return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens, seed, policy)
+    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
+                 seed: int) -> list[list[Generation]]:
+        return self.engine.generate(policy, prompts, n, sampling, seed)
 
     def load_weights(self, policy: str, state, version: int) -> int:
         """Receive a learner's new weights or adapter (weight sync after each step)."""

@@ -1,7 +1,15 @@
-"""Text rendering of a stored episode, turn by turn and candidate by candidate."""
+"""Text of a stored episode, turn by turn and candidate by candidate (`mas-lab replay --text`),
+and the one line that heads a candidate everywhere (the dashboard's replay screen uses it too)."""
 from __future__ import annotations
 
 import json
+
+
+def candidate_headline(c: dict) -> str:
+    """Reward (team, local and its components), advantage and tokens of a stored candidate."""
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in c["components"].items())
+    return (f"reward {c['reward']:.3f} (team {c['team']:.3f}, local {c['local']:.3f}; {parts})"
+            f"  advantage {c['advantage']:+.3f}  tokens {c['response_tokens']}")
 
 
 def format_episode(episode: dict) -> str:
@@ -17,12 +25,7 @@ def format_episode(episode: dict) -> str:
         lines.append("observation:")
         lines += ["  " + line for line in turn["observation"].splitlines()]
         for c in turn["candidates"]:
-            mark = "*" if c["chosen"] else " "
-            parts = " ".join(f"{k}={v:.2f}" for k, v in c["components"].items())
-            lines.append(
-                f" {mark} [{c['idx']}] reward {c['reward']:.3f} (team {c['team']:.3f}, local {c['local']:.3f}; {parts})"
-                f"  advantage {c['advantage']:+.3f}  tokens {c['response_tokens']}"
-            )
+            lines.append(f" {'*' if c['chosen'] else ' '} [{c['idx']}] {candidate_headline(c)}")
             lines += ["      " + line for line in (c["response"] or "(empty)").splitlines()]
             if c["info"]:
                 lines.append(f"      -> {c['info']}")
