@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/sandbox.py [--runs 200]
 
 Overhead: mean wall time of one run of an empty program, sequentially (process start, limits,
-namespaces, user switch, temp folder). Throughput: runs per second of the empty program and of
-a small BFS program through the shared pool (as many workers as cores).
+namespaces, user switch, temp folder), for the isolation in use (bubblewrap where it works) and,
+side by side in the same run, for the weaker fallback (process group, rlimits, network namespace,
+user nobody: the sandbox before bubblewrap). Throughput: runs per second of the empty program and
+of a small BFS program through the shared pool (as many workers as cores).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import os
 import statistics
 import time
 
-from mas_lab.sandbox import capabilities, run_many, run_python
+from mas_lab.sandbox import SYSTEM_PYTHON, Isolation, Limits, _run, capabilities, run_many
 
 BFS = """
 from collections import deque
@@ -39,10 +41,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
     isolation = capabilities()
-    durations = [run_python("pass").duration for _ in range(30)]
-    out = {"isolation": {"network_namespace": isolation.network, "user": isolation.user, "interpreter": isolation.interpreter},
-           "cores": os.cpu_count(), "overhead_ms_mean": round(1000 * statistics.fmean(durations), 1),
-           "overhead_ms_p95": round(1000 * sorted(durations)[int(0.95 * len(durations))], 1)}
+    out = {"isolation": isolation.describe(), "cores": os.cpu_count()}
+    fallback = Isolation("fallback", True, "nobody" if os.geteuid() == 0 else None,
+                         SYSTEM_PYTHON if os.geteuid() == 0 else isolation.interpreter)
+    for name, option in (("", isolation), ("fallback_", fallback)):
+        durations = [_run("pass", Limits(), option).duration for _ in range(30)]
+        out[f"{name}overhead_ms_mean"] = round(1000 * statistics.fmean(durations), 1)
+        out[f"{name}overhead_ms_p95"] = round(1000 * sorted(durations)[int(0.95 * len(durations))], 1)
+    out["overhead_ratio_vs_fallback"] = round(out["overhead_ms_mean"] / out["fallback_overhead_ms_mean"], 2)
     for name, code in (("empty", "pass"), ("bfs", BFS)):
         started = time.perf_counter()
         results = run_many([code] * args.runs)

