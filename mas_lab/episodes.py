@@ -90,7 +90,8 @@ def tree_rollout(
     Sequential workflows: each agent observes the live state after the agents before it acted,
     and its chosen branch becomes the live state. Parallel workflows (`Env.parallel`: math, code):
     every agent of a turn observes the state at the start of the turn, and after all of them have
-    been sampled and scored, their chosen actions are applied to the live state in turn order."""
+    been sampled and scored, the live state takes over each one's chosen branch in turn order
+    (`Env.adopt`: the scored outcome itself, never a second run of the action)."""
     _sample_turns(task, episodes, generate, k, seed, greedy, timing or Timing(), on_turn)
     for episode in episodes:
         episode.finish()
@@ -103,7 +104,7 @@ def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) ->
         live = [e for e in episodes if not e.env.done]
         if not live:
             return
-        chosen_actions: list[list[tuple[str, str]]] = [[] for _ in live]
+        chosen: list[list[tuple[str, Env]]] = [[] for _ in live]  # parallel: (role, scored branch)
         for agent_index, role in enumerate(r.name for r in task.roles):
             if not parallel:
                 live = [e for e in live if not e.env.done]
@@ -111,18 +112,19 @@ def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) ->
                     return
             if on_turn:
                 on_turn(turn, role)
-            for position, (episode, chosen_env, action) in enumerate(
+            for position, (episode, branch, action) in enumerate(
                 _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing)
             ):
                 if parallel:
-                    chosen_actions[position].append((role, action))
+                    chosen[position].append((role, branch))
                 else:
-                    episode.env = chosen_env
-        if parallel:
+                    episode.env = branch
+        if parallel:  # the live state takes over each chosen branch, in turn order; nothing is re-run
             started = time.perf_counter()
-            for episode, actions in zip(live, chosen_actions):
-                for (role, action), record in zip(actions, episode.turns[-len(actions):]):
-                    episode.env.step(role, turn, action)
+            for episode, branches in zip(live, chosen):
+                for (role, branch), record in zip(branches, episode.turns[-len(branches):]):
+                    episode.env.adopt(role, branch)
+                    episode.env.history.append(branch.history[-1])
                     record.state_after = episode.env.render()
             timing.reward_s += time.perf_counter() - started
 

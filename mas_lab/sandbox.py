@@ -39,8 +39,10 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -198,39 +200,8 @@ def _run(code: str, limits: Limits, isolation: Isolation, stdin: str = "") -> Sa
 
 
 def _run_unchecked(code: str, limits: Limits, isolation: Isolation, stdin: str, started: float) -> SandboxResult:
-    source = code.encode("utf-8", errors="replace")  # a lone surrogate is the program's bug, not ours
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    if isolation.kind == "bubblewrap":
-        slot = _slots.get() if os.geteuid() == 0 else None
-        try:
-            with tempfile.TemporaryFile() as handle:
-                handle.write(source)
-                handle.seek(0)
-                proc = subprocess.Popen(
-                    _bwrap_command(isolation, limits, handle.fileno()), cwd="/", env=env, stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                    preexec_fn=_bwrap_preexec(limits, slot), pass_fds=(handle.fileno(),),
-                )
-                out, err, timed_out = _communicate(proc, stdin.encode(), limits)
-        finally:
-            if slot is not None:
-                _slots.put(slot)
-    else:
-        with tempfile.TemporaryDirectory(prefix="mas-lab-sandbox-", ignore_cleanup_errors=True) as folder:
-            path = os.path.join(folder, "main.py")
-            with open(path, "wb") as handle:
-                handle.write(source)
-            if isolation.user:
-                user = pwd.getpwnam(isolation.user)
-                for item in (folder, path):
-                    os.chown(item, user.pw_uid, user.pw_gid)
-            proc = subprocess.Popen(
-                [isolation.interpreter, "-I", "-S", "-B", path], cwd=folder,
-                env={**env, "HOME": folder, "TMPDIR": folder}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_fallback_preexec(limits, isolation),
-                close_fds=True,
-            )
-            out, err, timed_out = _communicate(proc, stdin.encode(), limits)
+    with spawned(code, limits, isolation) as proc:
+        out, err, timed_out = _communicate(proc, stdin.encode(), limits)
     returncode = proc.returncode
     if isolation.kind == "bubblewrap" and returncode > 128:
         returncode = 128 - returncode  # bwrap exits 128 + N for a program killed by signal N (as a shell does)
@@ -238,6 +209,58 @@ def _run_unchecked(code: str, limits: Limits, isolation: Isolation, stdin: str, 
     stderr = err.decode(errors="replace")[-cap:]
     status = "timeout" if timed_out else _classify(returncode, stderr)
     return SandboxResult(status, out.decode(errors="replace")[:cap], stderr, time.monotonic() - started, returncode)
+
+
+@contextmanager
+def spawned(code: str, limits: Limits = Limits(), isolation: Isolation | None = None) -> Iterator[subprocess.Popen]:
+    """A sandboxed program with open stdin / stdout / stderr pipes (binary), for callers that talk
+    to it (the code judge's protocol); on exit its whole process group or PID namespace is killed.
+    Raises OSError when the process cannot be started (`run_python` turns that into a status)."""
+    isolation = isolation or capabilities()
+    source = code.encode("utf-8", errors="replace")  # a lone surrogate is the program's bug, not ours
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    if isolation.kind == "bubblewrap":
+        slot = _slots.get() if os.geteuid() == 0 else None
+        try:
+            with tempfile.TemporaryFile() as handle:
+                handle.write(source)
+                handle.seek(0)
+                proc = subprocess.Popen(_bwrap_command(isolation, limits, handle.fileno()), cwd="/", env=env,
+                                        preexec_fn=_bwrap_preexec(limits, slot), pass_fds=(handle.fileno(),), **pipes)
+            with _killed_on_exit(proc):
+                yield proc
+        finally:
+            if slot is not None:
+                _slots.put(slot)
+        return
+    with tempfile.TemporaryDirectory(prefix="mas-lab-sandbox-", ignore_cleanup_errors=True) as folder:
+        path = os.path.join(folder, "main.py")
+        with open(path, "wb") as handle:
+            handle.write(source)
+        if isolation.user:
+            user = pwd.getpwnam(isolation.user)
+            for item in (folder, path):
+                os.chown(item, user.pw_uid, user.pw_gid)
+        proc = subprocess.Popen([isolation.interpreter, "-I", "-S", "-B", path], cwd=folder,
+                                env={**env, "HOME": folder, "TMPDIR": folder},
+                                preexec_fn=_fallback_preexec(limits, isolation), close_fds=True, **pipes)
+        with _killed_on_exit(proc):
+            yield proc
+
+
+@contextmanager
+def _killed_on_exit(proc: subprocess.Popen) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        _kill_group(proc)
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
 
 
 def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits) -> tuple[bytes, bytes, bool]:
@@ -282,11 +305,6 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits) -> tuple[b
     proc.wait()
     for reader in readers:
         reader.join(timeout=1.0)
-    for stream in (proc.stdout, proc.stderr):  # a reader still blocked (fallback: an escaped daemon)
-        try:
-            stream.close()
-        except OSError:
-            pass
     return b"".join(head), b"".join(tail)[-cap:], timed_out
 
 

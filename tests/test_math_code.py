@@ -7,9 +7,9 @@ from fakes import FakeEngine
 from mas_lab.config import TaskFileError, load_task
 from mas_lab.envs import CodeEnv, MathEnv, ProblemPool
 from mas_lab.envs.base import Problem
-from mas_lab.envs.code_task import run_tests, split_tests
+from mas_lab.envs.code_task import golden_verdict, split_tests
 from mas_lab.envs.datasets import code_problems, last_boxed, math_problems
-from mas_lab.envs.math_task import grade
+from mas_lab.envs.math_grading import grade
 from mas_lab.episodes import Episode, tree_rollout
 
 from conftest import ROOT
@@ -49,8 +49,8 @@ def test_every_golden_solution_passes_its_golden_tests_in_the_sandbox():
     failing = []
     for name in ("humaneval", "mbpp"):
         for i, record in enumerate(code_problems(name)):
-            passed, _ = run_tests(record["solution"], record["tests"], record.get("setup", ""))
-            if not all(passed):
+            verdict = golden_verdict(record, record["solution"])
+            if not (all(verdict.passed) and all(verdict.exercised)):
                 failing.append((name, i))
     print(f"golden solutions failing their tests: {failing}")
     assert set(failing) <= KNOWN_BROKEN
@@ -79,7 +79,7 @@ def test_math_rewards_and_agreement():
 def test_math_agents_of_a_turn_observe_its_start_state(tmp_path):
     data = tmp_path / "tiny.jsonl"
     data.write_text("\n".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) for i in range(30)))
-    task = load_task(ROOT / "tasks" / "math_tiny.yaml", [f"env.params.train={data}", f"env.params.eval={data}", "algorithm.k=2"])
+    task = load_task(ROOT / "tasks" / "math_tiny.yaml", [f"env.params.train={data}", "env.params.eval=math500", "algorithm.k=2"])
     answers = {0: "\\boxed{1}", 1: "\\boxed{2}"}
     pool = ProblemPool(MathEnv, task.env.params, 0, 0)
     episodes = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(3)]

@@ -77,6 +77,12 @@ class Env(ABC):
         return cls._draw(rng, cls.Params.coerce(params), split)
 
     @classmethod
+    def held_out(cls, problem: Problem, params: EnvParams) -> bool:
+        """Whether `problem` is reserved for evaluation (never trained on). Generated problems: a
+        fixed 1/EVAL_SHARE of the content-hash space, whatever the size of an evaluation."""
+        return int(problem.content_hash[:8], 16) % EVAL_SHARE == 0
+
+    @classmethod
     @abstractmethod
     def _draw(cls, rng: random.Random, params: Any, split: str) -> Problem:
         """draw_problem with this environment's own Params."""
@@ -102,6 +108,12 @@ class Env(ABC):
         """A text picture of the state, for replay."""
         return ""
 
+    def adopt(self, role: str, branch: "Env") -> None:
+        """Parallel workflows: take over what `role`'s chosen action did in `branch`, the clone of
+        this turn's start state where it was scored (the action is not run again, so the live
+        state is exactly the scored one, and a program runs once). Parallel envs implement it."""
+        raise NotImplementedError(f"{type(self).__name__} is parallel but does not implement adopt()")
+
     def step(self, role: str, turn: int, action: str) -> ActionResult:
         result = self.act(role, turn, action)
         self.history.append((turn, role, action))
@@ -125,11 +137,18 @@ class Env(ABC):
         return new
 
 
-class ProblemPool:
-    """Seeded train and evaluation problems, disjoint by content hash (not by seed arithmetic).
+EVAL_SHARE = 8  # generated problems: one content-hash bucket in EVAL_SHARE is held out for evaluation
 
-    The evaluation set is drawn first from its own stream; the training stream skips any problem
-    whose content hash is in it. `train(i)` is deterministic in (seed, i), so a cursor resumes.
+
+class ProblemPool:
+    """Seeded train and evaluation problems, disjoint by content (not by seed arithmetic), for
+    evaluation sets of any size.
+
+    Which problems are held out does not depend on how many are evaluated: `Env.held_out` decides
+    per problem (generated envs: a fixed share of the content-hash space; data sets: every record
+    of the evaluation sets). Training never draws a held-out problem, and evaluation draws only
+    held-out ones, so `mas-lab eval --problems N` cannot meet a training problem for any N.
+    `train(i)` is deterministic in (seed, i), so a cursor resumes.
     """
 
     def __init__(self, env_cls: type[Env], params: EnvParams | Mapping[str, Any] | None, seed: int, eval_size: int):
@@ -143,12 +162,12 @@ class ProblemPool:
         while len(self.eval_set) < eval_size:
             problem = env_cls.draw_problem(rng, self.params, "eval")
             attempts += 1
-            if problem.content_hash not in seen:
+            if problem.content_hash not in seen and env_cls.held_out(problem, self.params):
                 seen.add(problem.content_hash)
                 self.eval_set.append(problem)
-            elif attempts > 100 * (eval_size + 1):
-                raise ValueError(f"env '{env_cls.__name__}' cannot make {eval_size} distinct evaluation problems")
-        self.eval_hashes = seen
+            elif attempts > 200 * EVAL_SHARE * (eval_size + 1):
+                raise ValueError(f"env '{env_cls.__name__}' cannot make {eval_size} distinct evaluation problems; "
+                                 "widen its parameters or evaluate fewer")
         self._train_rng = random.Random(f"train-{seed}")
         self._train: list[Problem] = []
 
@@ -156,7 +175,7 @@ class ProblemPool:
         while len(self._train) <= index:
             for _ in range(10_000):
                 problem = self.env_cls.draw_problem(self._train_rng, self.params, "train")
-                if problem.content_hash not in self.eval_hashes:
+                if not self.env_cls.held_out(problem, self.params):
                     break
             else:
                 raise ValueError("the generator yields only evaluation problems; widen its parameters")

@@ -3,42 +3,36 @@ each turn; later turns see the mismatches between the code and the generated tes
 ends when the generated tests all pass on the generated code, or after T turns.
 
 Rewards (components stored separately): team = pass rate of the code on the golden tests;
-coder local = 0.1 builds + 0.1 runs + 0.8 golden pass rate; tester local = 0.2 tests valid
-+ 0.8 pass rate of the reference solution on its tests (the reference code's tester term that is
-always 0 is not reproduced). All code runs in the sandbox. Data (params): `train` (default mbpp)
-and `eval` (default [humaneval]); any local JSONL with `prompt` and `tests` (and `solution`).
+coder local = 0.1 builds + 0.1 runs + 0.8 golden pass rate; tester local = 0.2 valid (the share of
+its asserts that compile and call the function under test) + 0.8 the share that are meaningful:
+they pass on the reference solution, and reject both the reference with every answer changed and
+trivially wrong implementations (code_judge.py). The reference code's tester term that is always
+0 is not reproduced. Code is judged in two sandboxes (code_judge.py), so the code under test can
+neither see the tests nor forge their verdict. Data (params): `train` (default mbpp) and `eval`
+(default [humaneval]); any local JSONL with `prompt` and `tests` (and `solution`).
 """
 from __future__ import annotations
 
 import ast
-import json
 from typing import Any
 
 from pydantic import Field
 
 from mas_lab.envs.base import ActionResult, Problem
+from mas_lab.envs.code_judge import MUTANTS, PERTURBED, PERTURBED_FUNCTION, Verdict, functions, judge, served_names
 from mas_lab.envs.datasets import DatasetEnv, DatasetParams, code_problems
 from mas_lab.envs.games import extract_code
 from mas_lab.sandbox import Limits, run_python
 
-_MARK = "__MAS_LAB_TESTS__"
+def golden_verdict(record: dict, code: str) -> Verdict:
+    """`code` judged by the record's golden tests (code_judge: the code never sees a test)."""
+    tests, setup = record["tests"], record.get("setup", "")
+    return judge(tests, code, served_names(code, tests, setup, expected_functions(record)), setup)
 
 
-def run_tests(code: str, tests: list[str], setup: str = "", wall_s: float = 10.0) -> tuple[list[bool], str]:
-    """Run `code` then each test snippet in its own try block, in one sandboxed program.
-    Returns one pass flag per test and the run's status."""
-    harness = (
-        f"{setup}\n{code}\n\nimport json as _json\n_results = []\n"
-        f"for _test in {json.dumps(tests)}:\n"
-        "    try:\n        exec(_test, dict(globals()))\n        _results.append(True)\n"
-        "    except BaseException:\n        _results.append(False)\n"
-        f"print({_MARK!r} + _json.dumps(_results))\n"
-    )
-    result = run_python(harness, Limits(wall_s=wall_s, cpu_s=int(wall_s) + 1, output_chars=200_000))
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith(_MARK):
-            return json.loads(line[len(_MARK):]), result.status
-    return [False] * len(tests), result.status
+def expected_functions(record: dict) -> tuple[str, ...]:
+    """The functions the task asks for: the reference solution's, or its entry point."""
+    return tuple(functions(record.get("solution", ""))) or ((record["entry_point"],) if record.get("entry_point") else ())
 
 
 def split_tests(text: str) -> list[str]:
@@ -49,6 +43,16 @@ def split_tests(text: str) -> list[str]:
     except SyntaxError:
         return [line.strip() for line in code.splitlines() if line.strip().startswith("assert ")]
     return [ast.unparse(node) for node in tree.body if isinstance(node, ast.Assert)]
+
+
+MIN_REJECTED = 4  # of the len(MUTANTS) = 6 trivially wrong implementations a test must reject
+
+
+def _loaded_names(code: str) -> set[str]:
+    try:
+        return {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    except (SyntaxError, ValueError):
+        return set()
 
 
 class CodeParams(DatasetParams):
@@ -74,10 +78,36 @@ class CodeEnv(DatasetEnv):
         self.golden_rate = 0.0
         self.mismatch = ""
 
-    def _golden(self, code: str) -> float:
-        data = self.problem.data
-        passed, _ = run_tests(code, data["tests"], data.get("setup", ""))
-        return sum(passed) / len(passed) if passed else 0.0
+    @property
+    def function_names(self) -> tuple[str, ...]:
+        return expected_functions(self.problem.data)
+
+    def _meaningful(self, tests: list[str]) -> list[bool]:
+        """Per test: it passes on the reference solution and calls the function under test, it
+        rejects the reference with every answer changed (PERTURBED), and at least MIN_REJECTED of
+        the trivially wrong MUTANTS. `assert True`, `assert f(x) is not None` or a type check earn
+        nothing. Without a reference solution in the record no test can be checked: none counts."""
+        data, names = self.problem.data, list(self.function_names)
+        setup, reference = data.get("setup", ""), data.get("solution", "")
+        if not tests or not names or not reference:
+            return [False] * len(tests)
+
+        def verdicts(code: str, keep: list[bool]) -> list[bool]:
+            """Pass flags of the kept tests against `code` (False for the others)."""
+            out, chosen = [False] * len(tests), [i for i, k in enumerate(keep) if k]
+            for index, passed in zip(chosen, judge([tests[i] for i in chosen], code, names, setup).passed):
+                out[index] = passed
+            return out
+
+        on_reference = judge(tests, reference, names, setup)
+        keep = [p and e for p, e in zip(on_reference.passed, on_reference.exercised)]
+        perturbed = PERTURBED.format(reference=reference) + "".join(PERTURBED_FUNCTION.format(name=n) for n in names)
+        keep = [k and not passed for k, passed in zip(keep, verdicts(perturbed, keep))]
+        rejected = [0] * len(tests)
+        for mutant in MUTANTS:
+            for index, passed in enumerate(verdicts("".join(mutant.format(name=n) for n in names), keep)):
+                rejected[index] += not passed
+        return [k and r >= MIN_REJECTED for k, r in zip(keep, rejected)]
 
     def observe(self, role: str, turn: int) -> str:
         text = f"Task:\n{self.problem.data['prompt']}\n"
@@ -90,26 +120,32 @@ class CodeEnv(DatasetEnv):
     def act(self, role: str, turn: int, action: str) -> ActionResult:
         if role == "tester":
             tests = split_tests(action)
-            valid = [t for t in tests if self._compiles(t)]
+            names = set(self.function_names)
+            valid = [t for t in tests if self._compiles(t) and names & _loaded_names(t)]
             validity = len(valid) / len(tests) if tests else 0.0
-            reference = self.problem.data.get("solution", "")
-            ref_rate = 0.0
-            if valid and reference:
-                passed, _ = run_tests(reference, valid, self.problem.data.get("setup", ""))
-                ref_rate = sum(passed) / len(passed)
-            self.tests = valid
+            meaningful = self._meaningful(valid)
+            rate = sum(meaningful) / len(tests) if tests else 0.0
+            self.tests = [t for t, m in zip(valid, meaningful) if m]
             self._update_mismatch()
-            return ActionResult(team=self.golden_rate, local=0.2 * validity + 0.8 * ref_rate,
-                              components={"valid": validity, "reference_pass": ref_rate}, info=f"{len(valid)} tests")
+            return ActionResult(team=self.golden_rate, local=0.2 * validity + 0.8 * rate,
+                                components={"valid": validity, "reference_pass": rate},
+                                info=f"{len(valid)} valid, {len(self.tests)} meaningful of {len(tests)} tests")
         code = extract_code(action)
         builds = float(self._compiles(code))
         runs = float(builds and run_python(code, Limits(wall_s=5.0, output_chars=1000)).ok)
         self.code = code
-        self.golden_rate = self._golden(code) if builds else 0.0
+        self.golden_rate = golden_verdict(self.problem.data, code).rate if builds else 0.0
         self._update_mismatch()
         return ActionResult(team=self.golden_rate, local=0.1 * builds + 0.1 * runs + 0.8 * self.golden_rate,
-                          components={"builds": builds, "runs": runs, "golden_pass": self.golden_rate},
-                          info=f"golden pass rate {self.golden_rate:.2f}")
+                            components={"builds": builds, "runs": runs, "golden_pass": self.golden_rate},
+                            info=f"golden pass rate {self.golden_rate:.2f}")
+
+    def adopt(self, role: str, branch: "CodeEnv") -> None:
+        if role == "tester":
+            self.tests = branch.tests
+        else:
+            self.code, self.golden_rate = branch.code, branch.golden_rate
+        self._update_mismatch()
 
     @staticmethod
     def _compiles(code: str) -> bool:
@@ -123,10 +159,11 @@ class CodeEnv(DatasetEnv):
         if self.code is None or not self.tests:
             self.mismatch, self.agreed = "", False
             return
-        passed, status = run_tests(self.code, self.tests, self.problem.data.get("setup", ""))
-        failing = [t for t, ok in zip(self.tests, passed) if not ok]
+        setup = self.problem.data.get("setup", "")
+        verdict = judge(self.tests, self.code, served_names(self.code, self.tests, setup, self.function_names), setup)
+        failing = [t for t, ok in zip(self.tests, verdict.passed) if not ok]
         self.agreed = not failing
-        self.mismatch = "; ".join(f"fails: {t}" for t in failing[:5]) + (f" (status {status})" if status != "ok" else "")
+        self.mismatch = "; ".join(f"fails: {t}" for t in failing[:5]) + (f" (status {verdict.status})" if verdict.status != "ok" else "")
 
     @property
     def done(self) -> bool:

@@ -140,6 +140,9 @@ class DatasetParams(EnvParams):
                 self.load(name)
         except DatasetError as exc:
             raise ValueError(str(exc)) from None
+        if _hashes(self.load, (self.train,)) <= _hashes(self.load, tuple(self.eval)):
+            raise ValueError(f"every problem of the training set '{self.train}' is in the evaluation sets "
+                             f"{self.eval}, which are held out: nothing is left to train on")
         return self
 
     @staticmethod
@@ -150,11 +153,21 @@ class DatasetParams(EnvParams):
         return [self.train] if split == "train" else list(self.eval)
 
 
+@lru_cache(maxsize=16)
+def _hashes(load, names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(Problem(dict(r)).content_hash for name in names for r in load(name))
+
+
 class DatasetEnv(Env):
     """An environment whose problems come from the data sets named in `env.params`, drawn with
     the pool's seeded generator."""
 
     Params: ClassVar[type[DatasetParams]]
+
+    @classmethod
+    def held_out(cls, problem: Problem, params: DatasetParams) -> bool:
+        """Every record of the evaluation sets is held out (training skips it if its set has it too)."""
+        return problem.content_hash in _hashes(params.load, tuple(params.eval))
 
     @classmethod
     def _draw(cls, rng: random.Random, params: DatasetParams, split: str) -> Problem:

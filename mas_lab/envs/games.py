@@ -51,7 +51,11 @@ class ToolPlannerEnv(Env):
 
     @abstractmethod
     def parse(self, text: str) -> Any:
-        """An answer from free text, or None when there is none."""
+        """An answer from a tool program's output, or None when there is none."""
+
+    def parse_answer(self, text: str) -> Any:
+        """The planner's (or solver's) stated answer in its reply (`answer_hint` says the form)."""
+        return self.parse(text)
 
     @abstractmethod
     def apply(self, answer: Any) -> bool:
@@ -87,7 +91,7 @@ class ToolPlannerEnv(Env):
     def act(self, role: str, turn: int, action: str) -> ActionResult:
         if role == "tool":
             return self._act_tool(action)
-        answer = self.parse(action)
+        answer = self.parse_answer(action)
         legal = answer is not None and self.apply(answer)
         fmt = 1.0 if legal else 0.0
         value = self.value()

@@ -5,7 +5,8 @@ episode ends when their answers agree, or after T turns.
 Rewards (components stored separately): team = correctness of the team's answer (the reasoner's,
 or the tool's while the reasoner has none); reasoner local = 0.2 format + 0.8 match; tool local =
 0.1 builds + 0.1 executes + 0.8 match. The single-agent `solver` is scored as the reasoner.
-Grading uses math-verify with its signal-based timeouts off (env steps run in worker threads).
+Grading uses math-verify in worker processes with a time limit (math_grading.py): an answer
+that takes longer to grade counts as wrong.
 Data (params): `train` (default math_train: the MATH test set minus MATH-500) and `eval` (a list,
 default [math500, gsm8k]); any local JSONL with `problem` and `answer` fields.
 """
@@ -20,23 +21,10 @@ from pydantic import Field
 from mas_lab.envs.base import ActionResult, Problem
 from mas_lab.envs.datasets import DatasetEnv, DatasetParams, last_boxed, math_problems
 from mas_lab.envs.games import extract_code
+from mas_lab.envs.math_grading import grade
 from mas_lab.sandbox import Limits, run_python
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
-
-
-def grade(predicted: str | None, gold: str) -> bool:
-    """Whether a predicted answer equals the gold one (fractions, intervals, units, \\left/\\right,
-    thousands separators handled by math-verify)."""
-    if predicted is None or not predicted.strip():
-        return False
-    from math_verify import parse, verify
-
-    gold_parsed = parse(f"${gold}$", parsing_timeout=None)
-    pred_parsed = parse(f"${predicted}$", parsing_timeout=None)
-    if not gold_parsed or not pred_parsed:
-        return predicted.strip() == gold.strip()
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
 def _answers_agree(a: str | None, b: str | None) -> bool:
@@ -110,6 +98,11 @@ class MathEnv(DatasetEnv):
         team = float(grade(self.team_answer(), self.gold))
         return ActionResult(team=team, local=weights[0] + weights[1] * match, components=components,
                           info=f"answer={answer!r} gold={self.gold!r}")
+
+    def adopt(self, role: str, branch: "MathEnv") -> None:
+        self.answers[role] = branch.answers.get(role)
+        if role in branch.notes:
+            self.notes[role] = branch.notes[role]
 
     @property
     def done(self) -> bool:

@@ -54,6 +54,22 @@ def shortest_path(grid: list[str], start: tuple[int, int], goal: tuple[int, int]
     return path
 
 
+_ANSWER_LINE = re.compile(r"moves\s*:(.*)$", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_answer_moves(text: str) -> list[str] | None:
+    """A planner's stated answer: the last line "Moves: ...", holding only moves (U/D/L/R or
+    up/down/left/right) and separators. Moves scattered in prose are not an answer (a reply with
+    "built-in u import" must not earn the format reward)."""
+    lines = _ANSWER_LINE.findall(text)
+    if not lines:
+        return None
+    words = re.findall(r"[A-Za-z]+", lines[-1])
+    if not words or any(w.upper() not in MOVES and w.upper() not in _WORDS for w in words):
+        return None
+    return [_WORDS.get(w.upper(), w.upper()) for w in words]
+
+
 def parse_moves(text: str) -> list[str]:
     """Moves from free text: U/D/L/R or up/down/left/right, after the last 'moves:' if present."""
     lowered = text.lower()
@@ -126,6 +142,9 @@ class PlanPathEnv(ToolPlannerEnv):
 
     def parse(self, text: str) -> list[str] | None:
         return parse_moves(text) or None
+
+    def parse_answer(self, text: str) -> list[str] | None:
+        return parse_answer_moves(text)
 
     def apply(self, moves: list[str]) -> bool:
         self.pos, legal = self.follow(self.pos, moves)

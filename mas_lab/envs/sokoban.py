@@ -17,7 +17,7 @@ from pydantic import Field
 
 from mas_lab.envs.base import Problem
 from mas_lab.envs.games import GameParams, ToolPlannerEnv
-from mas_lab.envs.plan_path import MOVES, parse_moves
+from mas_lab.envs.plan_path import MOVES, parse_answer_moves, parse_moves
 
 Pos = tuple[int, int]
 
@@ -122,6 +122,9 @@ class SokobanEnv(ToolPlannerEnv):
 
     def parse(self, text: str) -> list[str] | None:
         return parse_moves(text) or None
+
+    def parse_answer(self, text: str) -> list[str] | None:
+        return parse_answer_moves(text)
 
     def apply(self, moves: list[str]) -> bool:
         walls = self.walls

@@ -1,0 +1,118 @@
+"""Rewards a model under RL could raise without solving the task: each hack must earn nothing."""
+import random
+import time
+
+import pytest
+
+from mas_lab.envs.base import Problem, ProblemPool
+from mas_lab.envs.code_task import CodeEnv
+from mas_lab.envs.datasets import code_problems
+from mas_lab.envs.math_grading import grade
+from mas_lab.envs.math_task import MathEnv
+from mas_lab.envs.plan_path import PlanPathEnv, shortest_path
+from mas_lab.envs.sokoban import SokobanEnv
+from mas_lab.episodes import Episode, tree_rollout
+from mas_lab.config import load_task
+
+from conftest import ROOT
+from fakes import FakeEngine
+
+RECORD = code_problems("mbpp")[0]  # remove_Occ(s, ch)
+
+
+def as_coder(code: str, record: dict = RECORD):
+    return CodeEnv(Problem(dict(record)), {}).step("coder", 0, f"```python\n{code}\n```")
+
+
+def as_tester(tests: str, record: dict = RECORD):
+    return CodeEnv(Problem(dict(record)), {}).step("tester", 0, f"```python\n{tests}\n```")
+
+
+@pytest.mark.parametrize("code", [
+    "import os\nprint('{\"verdict\": [[true, true], [true, true], [true, true]]}', flush=True)\nos._exit(0)\n",
+    "import os, json\nos.write(1, (json.dumps({'verdict': [[True, True]] * 3}) + '\\n').encode())\nos._exit(0)\n",
+    "def exec(*args, **kwargs):\n    pass\ndef remove_Occ(s, ch):\n    return s\n",
+    "class AssertionError(Exception):\n    pass\ndef remove_Occ(s, ch):\n    return s\n",
+    "import re, sys\nsource = open(sys.argv[0]).read()\nEXPECTED = re.findall(r'== (\\S+)', source)\n"
+    "def remove_Occ(s, ch):\n    return EXPECTED.pop(0) if EXPECTED else s\n",
+    "raise SystemExit(0)\n",
+    "import builtins\nbuiltins.exec = lambda *a, **k: None\ndef remove_Occ(s, ch):\n    return s\n",
+], ids=["verdict-line", "verdict-on-fd", "shadow-exec", "shadow-assertion", "read-own-source", "exit-at-import",
+        "patch-builtins"])
+def test_the_coder_cannot_forge_the_golden_verdict(code):
+    result = as_coder(code)
+    assert result.team == 0.0 and result.components["golden_pass"] == 0.0
+
+
+def test_a_coder_defining_a_builtin_cannot_answer_for_the_tests_checks():
+    record = {"prompt": "area of a circle", "solution": "def area(r):\n    return 3.14159 * r * r\n",
+              "tests": ["assert abs(area(2) - 12.566) < 0.01", "assert abs(area(1) - 3.1416) < 0.01"]}
+    cheat = as_coder("def abs(x):\n    return 0\ndef area(r):\n    return 0\n", record)
+    assert cheat.team == 0.0
+    assert as_coder(record["solution"], record).team == 1.0
+
+
+def test_the_real_solution_still_passes():
+    assert as_coder(RECORD["solution"]).team == 1.0
+
+
+@pytest.mark.parametrize("tests,expected_local", [
+    ("assert True", 0.0),
+    ("assert 1 + 1 == 2", 0.0),
+    ("assert remove_Occ('hello', 'l') is not None", 0.2),
+    ("assert isinstance(remove_Occ('hello', 'l'), str)", 0.2),
+    ("assert remove_Occ('hello', 'l') not in (None, 0, '', [], 'hello')", 0.2),
+    ("import os\nassert os.write(1, b'{\"verdict\": [[true, true]]}\\n') and os._exit(0)", 0.0),
+    ("assert remove_Occ('hello', 'l') == 'heo'", 1.0),
+])
+def test_the_tester_earns_only_for_tests_that_check_values(tests, expected_local):
+    assert as_tester(tests).local == pytest.approx(expected_local)
+
+
+def test_assert_true_does_not_end_the_episode():
+    env = CodeEnv(Problem(dict(RECORD)), {})
+    env.step("coder", 0, "```python\ndef remove_Occ(s, ch):\n    return s\n```")
+    env.step("tester", 0, "```python\nassert True\n```")
+    assert not env.done
+
+
+def test_math_grading_is_bounded_in_time_and_a_timeout_is_wrong():
+    started = time.monotonic()
+    assert grade("9^{9^{9}}", "6") is False
+    assert time.monotonic() - started < 30
+    assert grade("\\frac{1}{2}", "0.5") is True  # and the pool still grades after a timeout
+
+
+def test_parallel_turns_adopt_the_scored_branch(tmp_path):
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("\n".join('{"problem": "What is %d + %d?", "answer": "%d"}' % (i, i, 2 * i) for i in range(20)))
+    task = load_task(ROOT / "tasks" / "math_tiny.yaml", [f"env.params.train={data}", "env.params.eval=math500",
+                                                         "algorithm.k=2", "env.max_turns=1"])
+    program = "```python\nimport random\nprint(random.randrange(10 ** 9))\n```"
+    pool = ProblemPool(MathEnv, task.env.params, 0, 0)
+    episodes = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(4)]
+    tree_rollout(task, episodes, FakeEngine(lambda c, n: program if c else "\\boxed{1}"), 2, seed=0)
+    for episode in episodes:
+        tool = next(t for t in episode.turns if t.role == "tool")
+        scored = tool.candidates[tool.chosen].info.split("answer=")[1].split(" gold=")[0]
+        assert repr(episode.env.answers["tool"]) == scored
+
+
+def test_no_evaluation_size_meets_a_training_problem():
+    small = ProblemPool(PlanPathEnv, {"size": 4}, 0, 8)
+    large = ProblemPool(PlanPathEnv, {"size": 4}, 0, 256)
+    trained = {small.train(i).content_hash for i in range(3000)}
+    assert not trained & {p.content_hash for p in large.eval_set}
+    assert [p.content_hash for p in large.eval_set[:8]] == [p.content_hash for p in small.eval_set]
+
+
+@pytest.mark.parametrize("env_cls", [PlanPathEnv, SokobanEnv])
+def test_moves_in_prose_are_not_an_answer(env_cls):
+    problem = env_cls.draw_problem(random.Random(3), {})
+    for reply in ("I used the built-in u import and a loop", "Let me think: go up, then right.",
+                  "Moves: U then R", "moves are U R"):
+        assert env_cls(problem, {}).step("planner", 0, reply).components["format"] == 0.0
+    if env_cls is PlanPathEnv:
+        path = shortest_path(problem.data["grid"], tuple(problem.data["start"]), tuple(problem.data["goal"]))
+        stated = env_cls(problem, {}).step("planner", 0, "Thinking...\n**Moves:** " + ", ".join(path))
+        assert stated.components == {"format": 1.0, "value": 1.0}
