@@ -79,7 +79,11 @@ def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
             bar.console.print(f"\n{name}: stopping with a checkpoint at the next step boundary "
                               "(send it again to abort at once)", highlight=False)
 
-        return runs.train(opened, use_ray=use_ray, progress=progress, on_signal=on_signal)
+        try:
+            return runs.train(opened, use_ray=use_ray, progress=progress, on_signal=on_signal)
+        except runs.RunError as exc:
+            bar.stop()
+            _fail(str(exc), code=1)
 
 
 def _print_summary(opened: runs.Run, summary: dict) -> None:
@@ -119,12 +123,8 @@ def replay(
 ) -> None:
     """Print one saved episode turn by turn: every candidate, its reward and advantage, the chosen one."""
     from mas_lab.episode_text import format_episode
-    from mas_lab.store import RunStore
 
-    db = run_dir / "run.db"
-    if not db.is_file():
-        _fail(f"{run_dir}: not a run folder (no run.db)")
-    store = RunStore(db)
+    store = _open_store(run_dir)
     if step is None:
         step = store.first_step(kind) or 0
     record = store.episode(step, episode, kind)
@@ -206,13 +206,22 @@ def tui(
                       highlight=False, soft_wrap=True)
 
 
-def _control(run_dir: Path):
-    from mas_lab.control import RunControl
-    from mas_lab.store import RunStore
+def _open_store(run_dir: Path):
+    """A run folder's store, read-only (requests go through a writable connection of their own)."""
+    from mas_lab.store import RunStore, StoreError
 
     if not (run_dir / "run.db").is_file():
         _fail(f"{run_dir}: not a run folder (no run.db)")
-    return RunControl(RunStore(run_dir / "run.db"))
+    try:
+        return RunStore(run_dir / "run.db", create=False)
+    except StoreError as exc:
+        _fail(str(exc))
+
+
+def _control(run_dir: Path):
+    from mas_lab.control import RunControl
+
+    return RunControl(_open_store(run_dir))
 
 
 def _request(run_dir: Path, command: str, wait: bool) -> None:

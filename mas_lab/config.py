@@ -6,6 +6,7 @@ budget, resources and tracking. Every field is documented here; README.md has th
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -120,14 +121,27 @@ class Resources(_Strict):
     rollout_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker")
     learner_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per learner")
     torch_threads: int = Field(0, ge=0, description="threads per actor; 0 means every core of the machine")
+    actor_restarts: int = Field(2, ge=0, description="when a Ray actor dies, restart the actors from the last "
+                                "checkpoint this many times per run (each an event) before giving up")
+
+
+MLFLOW_SCHEMES = ("sqlite:///", "file:", "http://", "https://", "databricks")
 
 
 class Tracking(_Strict):
     """Where a run's records go."""
 
-    mlflow_uri: str = Field("sqlite:///mlruns.db", description="MLflow tracking URI")
+    mlflow_uri: str = Field("sqlite:///mlruns.db", description="MLflow tracking URI: sqlite:///FILE (relative to the "
+                            "working folder), file:, http(s)://, databricks, or a folder path")
     experiment: str = Field("mas-lab", description="MLflow experiment")
     runs_dir: str = Field("runs", description="where run folders go")
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _known_scheme(cls, uri: str) -> str:
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri) and not uri.startswith(MLFLOW_SCHEMES):
+            raise ValueError(f"unknown tracking URI scheme; allowed: {list(MLFLOW_SCHEMES)} or a folder path")
+        return uri
 
 
 class Checkpoint(_Strict):
@@ -146,7 +160,8 @@ class Env(_Strict):
 
 
 class TaskConfig(_Strict):
-    name: str = Field("task", description="prefix of the run id")
+    name: str = Field("task", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+                      description="prefix of the run id: letters, digits, '.', '_', '-' (no path)")
     env: Env = Field(description="the environment")
     roles: list[Role] = Field(min_length=1, description="the agents, in turn order")
     policies: dict[str, Policy] = Field(min_length=1, description="the trainable models, by name")
@@ -246,21 +261,23 @@ def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
         keys = path.strip().split(".")
         for key in keys[:-1]:
             if isinstance(node, list):
-                node = node[_list_index(key, path, source)]
+                node = node[_list_index(key, path, source, len(node))]
                 continue
             node = node.setdefault(key, {})
             if not isinstance(node, (dict, list)):
                 raise TaskFileError(f"{source}: --set '{path}': '{key}' is a value, not a section")
         if isinstance(node, list):
-            node[_list_index(keys[-1], path, source)] = value
+            node[_list_index(keys[-1], path, source, len(node))] = value
         else:
             node[keys[-1]] = value
     return data
 
 
-def _list_index(key: str, path: str, source: str) -> int:
+def _list_index(key: str, path: str, source: str, length: int) -> int:
     if not key.isdigit():
         raise TaskFileError(f"{source}: --set '{path}': '{key}' must be a list index")
+    if int(key) >= length:
+        raise TaskFileError(f"{source}: --set '{path}': index {key} is out of range (the list has {length} items)")
     return int(key)
 
 
@@ -304,15 +321,51 @@ def _allowed_keys(error: dict) -> str:
     return f"; allowed: {sorted(model.model_fields)}" if model is not None else ""
 
 
+MAX_TASK_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000
+
+
+def _safe_yaml(text: str) -> Any:
+    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES nodes (a 1 KB
+    "billion laughs" document would otherwise expand without bound)."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    sizes: dict[int, int] = {}
+
+    def expanded(node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = MAX_YAML_NODES + 1  # a cycle counts as too large
+        if isinstance(node, yaml.MappingNode):
+            size = 1 + sum(expanded(k) + expanded(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            size = 1 + sum(expanded(v) for v in node.value)
+        else:
+            size = 1
+        sizes[id(node)] = min(size, MAX_YAML_NODES + 1)
+        return sizes[id(node)]
+
+    if root is not None and expanded(root) > MAX_YAML_NODES:
+        raise ValueError(f"its aliases expand to more than {MAX_YAML_NODES} YAML nodes")
+    return yaml.safe_load(text)
+
+
 def load_task(path: str | Path, overrides: list[str] | None = None) -> TaskConfig:
     """Read, override and validate a task file, or raise TaskFileError naming file and field."""
     path = Path(path)
     if not path.is_file():
         raise TaskFileError(f"{path}: no such task file")
+    if path.stat().st_size > MAX_TASK_BYTES:
+        raise TaskFileError(f"{path}: {path.stat().st_size} bytes; a task file is at most {MAX_TASK_BYTES}")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TaskFileError(f"{path}: not a text file (expected UTF-8 YAML)") from None
+    try:
+        data = _safe_yaml(text)
     except yaml.YAMLError as exc:
         raise TaskFileError(f"{path}: not valid YAML: {exc}") from None
+    except ValueError as exc:
+        raise TaskFileError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise TaskFileError(f"{path}: expected a mapping of sections (env, roles, policies, ...)")
     data = apply_overrides(data, overrides or [], str(path))

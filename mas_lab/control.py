@@ -8,15 +8,22 @@ holds whole steps only, and a checkpoint captures the run exactly; mid-step, hal
 and unsent updates would exist only in memory.
 
 The controller publishes its state (pid, step, phase, paused, last checkpoint, heartbeat) in the
-store's meta table under `state`.
+store's meta table under `state`. Whether a run is alive is not read from a pid (a reused pid made
+a crashed run look alive): the process that runs it holds an exclusive lock on RUN_DIR/run.lock
+for its whole life, and the kernel drops the lock when the process dies, however it dies.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import time
+from pathlib import Path
 
 from mas_lab.store import RunStore
+
+LOCK_FILE = "run.lock"
+_held: dict[str, int] = {}  # run folders whose lock this process holds: path -> fd
 
 COMMANDS = ("pause", "resume", "stop")
 
@@ -31,9 +38,14 @@ class RunControl:
 
     # --- clients -------------------------------------------------------------------------------
     def request(self, command: str) -> None:
+        """Queue a request; the store may be open read-only, so it goes through a writable one."""
         if command not in COMMANDS:
             raise ControlError(f"unknown command '{command}'; allowed: {list(COMMANDS)}")
-        self.store.add_control(command)
+        writer = RunStore(self.store.path)
+        try:
+            writer.add_control(command)
+        finally:
+            writer.close()
 
     def pause(self) -> None:
         self.request("pause")
@@ -48,7 +60,9 @@ class RunControl:
         meta = self.store.meta()
         state = dict(meta.get("state") or {})
         state["status"] = meta.get("status", "unknown")
-        state["running"] = is_alive(state) and state["status"] == "running"
+        state["running"] = lock_held(self.store.path.parent) and state["status"] == "running"
+        if state["status"] in ("running", "starting") and not lock_held(self.store.path.parent):
+            state["status"] = "crashed"  # its process died without recording how it ended
         state["pending"] = self.store.pending_controls()
         return state
 
@@ -63,15 +77,43 @@ class RunControl:
         self.store.set_meta(state=current)
 
 
-def is_alive(state: dict) -> bool:
-    """Whether the process that published `state` still exists (on this host)."""
-    pid = state.get("pid")
-    if not pid or state.get("host") != socket.gethostname():
+def acquire_lock(run_dir: Path) -> bool:
+    """Take the run folder's exclusive lock for the life of this process; False when another
+    process holds it."""
+    key = str(Path(run_dir).resolve())
+    if key in _held:
+        return True
+    fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _held[key] = fd
+    return True
+
+
+def release_lock(run_dir: Path) -> None:
+    fd = _held.pop(str(Path(run_dir).resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def lock_held(run_dir: Path) -> bool:
+    """Whether a process (this one included) holds the run folder's lock: the run is alive."""
+    if str(Path(run_dir).resolve()) in _held:
+        return True
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
         return False
-    except PermissionError:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
         return True
-    return True
+    finally:
+        os.close(fd)

@@ -133,7 +133,8 @@ class Controller:
         samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
         for group in kept:
             for c in group.members:  # routed only to the policy of the candidate's role
-                samples[c.policy].append(Sample(c.prompt_ids, c.response_ids, c.advantage))
+                samples[c.policy].append(Sample(c.prompt_ids, c.response_ids, c.advantage, c.temperature,
+                                                tuple(c.logprobs)))
 
         tell(ProgressEvent("learner", step))
         learner_started = time.perf_counter()
@@ -149,8 +150,9 @@ class Controller:
         metrics["filtered_groups"] = report.dropped_groups
         metrics["filtered_samples"] = report.dropped_samples
         for name, update in updates.items():
-            for key in ("loss", "clip_frac", "grad_norm", "samples", "tokens"):
-                metrics[f"{key}/{name}"] = update[key]
+            for key in ("loss", "clip_frac", "grad_norm", "samples", "tokens", "mismatch_abs", "mismatch_kl"):
+                if key in update:
+                    metrics[f"{key}/{name}"] = update[key]
         total = time.perf_counter() - started
         metrics["time/rollout"] = timing.generate_s
         metrics["time/reward"] = timing.reward_s
@@ -268,7 +270,7 @@ class Controller:
         if self.run_dir is None or self.last_checkpoint == step:
             return
         state = {"step": step, "cursor": self.cursor, "mlflow_run_id": self.tracker.run_id if self.tracker else None,
-                 "task": self.task.model_dump(mode="json")}
+                 "task": self.task.model_dump(mode="json"), "store": self.store.digest(step)}
         path, seconds = checkpoint.save(self.run_dir, step, state, self.backend.save_policies,
                                         self.task.checkpoint.keep_last)
         self.last_checkpoint = step

@@ -160,6 +160,7 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
                 prompt_ids=gen.prompt_ids, response_ids=gen.response_ids, response=gen.text,
                 reward=spec.alpha * result.team + result.local, team=result.team, local=result.local,
                 components=dict(result.components), info=result.info, state_after=branches[j].render(),
+                logprobs=gen.logprobs, temperature=sampling.temperature,
             ))
         chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
         candidates[chosen].chosen = True

@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,9 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from mas_lab.config import TaskConfig, TaskFileError, as_mode, flat_params, load_task, swap_policies, task_to_yaml
+from mas_lab.control import acquire_lock, release_lock
 from mas_lab.progress import Progress, ProgressEvent
-from mas_lab.store import RunStore
-from mas_lab.tracking import Tracker
+from mas_lab.store import RunStore, StoreError
+from mas_lab.tracking import Tracker, resolve_uri
 
 
 class RunError(Exception):
@@ -52,24 +54,44 @@ def new_run_dir(task: TaskConfig, explicit: Path | None = None) -> Path:
     if explicit is not None:
         if (explicit / "run.db").exists():
             raise RunError(f"{explicit}: already holds a run; continue it with --resume {explicit}")
-        explicit.mkdir(parents=True, exist_ok=True)
-        return explicit
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(task.tracking.runs_dir) / f"{task.name}-{stamp}-{secrets.token_hex(2)}"
-    run_dir.mkdir(parents=True)
+        run_dir = explicit
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(task.tracking.runs_dir) / f"{task.name}-{stamp}-{secrets.token_hex(2)}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=explicit is not None)
+    except OSError as exc:
+        raise RunError(f"cannot make the run folder {run_dir} (tracking.runs_dir '{task.tracking.runs_dir}'): "
+                       f"{exc.strerror or exc}") from None
     return run_dir
 
 
 def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> Run:
-    """A run folder with the resolved task.yaml, a fresh store and a new MLflow run."""
+    """A run folder (locked by this process for its life) with the resolved task.yaml, a fresh
+    store and a new MLflow run. The tracking URI is recorded absolute, so a resume from another
+    working folder finds the same MLflow store. If any of it fails, the folder is removed again."""
+    created = run_dir is None or not run_dir.exists()
     run_dir = new_run_dir(task, run_dir)
-    (run_dir / "task.yaml").write_text(task_to_yaml(task))
-    store = RunStore(run_dir / "run.db")
-    tracker = Tracker(task.tracking.mlflow_uri, task.tracking.experiment, run_dir.name)
-    tracker.log_params(flat_params(task))
-    tracker.log_artifact(run_dir / "task.yaml")
-    store.set_meta(run_id=run_dir.name, task=task.model_dump(mode="json"), task_file=str(task_file),
-                   mlflow_uri=task.tracking.mlflow_uri, mlflow_run_id=tracker.run_id, status="starting")
+    if not acquire_lock(run_dir):
+        raise RunError(f"{run_dir}: another mas-lab process holds this run folder")
+    try:
+        uri = resolve_uri(task.tracking.mlflow_uri)
+        try:
+            tracker = Tracker(uri, task.tracking.experiment, run_dir.name)
+        except Exception as exc:
+            raise RunError(f"tracking.mlflow_uri '{task.tracking.mlflow_uri}': MLflow cannot use it "
+                           f"({type(exc).__name__}: {str(exc)[:300]})") from None
+        (run_dir / "task.yaml").write_text(task_to_yaml(task))
+        store = RunStore(run_dir / "run.db")
+        tracker.log_params(flat_params(task))
+        tracker.log_artifact(run_dir / "task.yaml")
+        store.set_meta(run_id=run_dir.name, task=task.model_dump(mode="json"), task_file=str(task_file),
+                       mlflow_uri=uri, mlflow_run_id=tracker.run_id, status="starting")
+    except BaseException:
+        release_lock(run_dir)
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return Run(task, run_dir, store, tracker)
 
 
@@ -78,17 +100,29 @@ FIXED_ON_RESUME = ("env.name", "roles", "policies")
 
 
 def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
-    """Check everything before touching anything: a run folder, not running, a sound checkpoint,
-    a task that matches it. Then roll the store back to the checkpoint and re-attach MLflow."""
+    """Check everything before changing anything: a run folder that no process holds, a store this
+    mas-lab can read, a sound checkpoint, a task that matches it, the MLflow run reachable, and a
+    store that still holds every step the checkpoint recorded (a lost or corrupted WAL would have
+    dropped some). Only then roll the store back to the checkpoint."""
     from mas_lab import checkpoint
-    from mas_lab.control import RunControl
 
     if not (run_dir / "run.db").is_file() or not (run_dir / "task.yaml").is_file():
         raise RunError(f"{run_dir}: not a run folder (needs run.db and task.yaml)")
-    store = RunStore(run_dir / "run.db")
-    state = RunControl(store).status()
-    if state["running"]:
-        raise RunError(f"{run_dir}: the run is still running (pid {state.get('pid')}); stop it first: mas-lab stop {run_dir}")
+    if not acquire_lock(run_dir):
+        raise RunError(f"{run_dir}: the run is still running (another process holds it); stop it first: "
+                       f"mas-lab stop {run_dir}")
+    try:
+        return _resume_locked(run_dir, task_file, overrides, checkpoint)
+    except BaseException:
+        release_lock(run_dir)
+        raise
+
+
+def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], checkpoint) -> Run:
+    try:  # read-only until every check has passed
+        reader = RunStore(run_dir / "run.db", create=False)
+    except StoreError as exc:
+        raise RunError(str(exc)) from None
     found = checkpoint.complete(run_dir)
     if not found:
         raise RunError(f"{run_dir}: no complete checkpoint to resume from")
@@ -99,16 +133,31 @@ def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
         raise RunError(f"{exc}; remove that folder to resume from an earlier checkpoint") from None
     source = task_file or run_dir / "task.yaml"
     task = load(source, overrides)
-    before = TaskConfig.model_validate(saved["task"]).model_dump(mode="json")
-    now = task.model_dump(mode="json")
+    before = TaskConfig.model_validate(saved["task"])
     for key in FIXED_ON_RESUME:
-        a, b = _get(before, key), _get(now, key)
+        a, b = _get(before.model_dump(mode="json"), key), _get(task.model_dump(mode="json"), key)
         if a != b:
             raise RunError(f"{source}: does not match the checkpoint {last}: field '{key}' was {json.dumps(a)}, "
                            f"now {json.dumps(b)}")
+    expected, held = saved.get("store"), reader.digest(saved["step"])
+    if expected is not None and expected != held:
+        missing = sorted(set(expected["steps"]) - set(held["steps"]))
+        raise RunError(f"{run_dir / 'run.db'}: does not hold what checkpoint {last.name} recorded (steps missing: "
+                       f"{missing or 'none'}; {held['candidates']} of {expected['candidates']} candidates); the store "
+                       "lost data (a lost or damaged run.db-wal?), so the run cannot continue exactly")
+    meta = reader.meta()
+    reader.close()
+    same_uri = task.tracking.mlflow_uri == before.tracking.mlflow_uri and meta.get("mlflow_uri")
+    uri = meta["mlflow_uri"] if same_uri else resolve_uri(task.tracking.mlflow_uri)
+    try:
+        tracker = Tracker(uri, task.tracking.experiment, run_dir.name, run_id=saved["mlflow_run_id"])
+    except Exception as exc:
+        raise RunError(f"{run_dir}: its MLflow run {saved['mlflow_run_id']} is not reachable at {uri} "
+                       f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    store = RunStore(run_dir / "run.db")
     store.rollback(saved["step"])
     (run_dir / "task.yaml").write_text(task_to_yaml(task))
-    tracker = Tracker(task.tracking.mlflow_uri, task.tracking.experiment, run_dir.name, run_id=saved["mlflow_run_id"])
+    store.set_meta(mlflow_uri=uri)
     return Run(task, run_dir, store, tracker, resume_from=last)
 
 
@@ -127,30 +176,74 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
     from mas_lab.controller import Controller
 
     tell = progress or (lambda event: None)
-    status, backend, summary = "FAILED", None, {}
+    status, backend, summary, restarts = "FAILED", None, {}, 0
     run.store.set_meta(status="running")
     try:
-        tell(ProgressEvent("starting actors and loading models", 0))
-        backend = Backend(run.task, use_ray=use_ray)
-        controller = Controller(run.task, backend, run.store, run.tracker, run.run_dir)
-        if run.resume_from is not None:
-            state = controller.restore(run.resume_from)
-            run.store.event(state["step"], "resume", f"resumed from {run.resume_from.name}")
-            tell(ProgressEvent(f"resumed from {run.resume_from.name}", state["step"]))
-        _stop_on_signals(controller, on_signal)
-        summary = controller.run(progress)
+        while True:
+            try:
+                tell(ProgressEvent("starting actors and loading models", 0))
+                backend = Backend(run.task, use_ray=use_ray)
+                controller = Controller(run.task, backend, run.store, run.tracker, run.run_dir)
+                if run.resume_from is not None:
+                    state = controller.restore(run.resume_from)
+                    run.store.event(state["step"], "resume", f"resumed from {run.resume_from.name}")
+                    tell(ProgressEvent(f"resumed from {run.resume_from.name}", state["step"]))
+                _stop_on_signals(controller, on_signal)
+                summary = controller.run(progress)
+                break
+            except Exception as exc:
+                died = _dead_actor(exc)
+                if died is None:
+                    raise
+                backend.shutdown()
+                backend = None
+                if restarts >= run.task.resources.actor_restarts:
+                    raise RunError(f"{died} died ({restarts} restarts allowed by resources.actor_restarts, "
+                                   f"all used); continue with: mas-lab run --resume {run.run_dir}") from None
+                restarts += 1
+                run.resume_from = _back_to_last_checkpoint(run, f"{died} died; restart {restarts}")
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
     finally:
-        ended = "stopped" if summary.get("stopped") else "finished"
-        run.store.set_meta(status=ended if status == "FINISHED" else status.lower())
-        run.tracker.finish(status)
-        if backend is not None:
-            backend.shutdown()
+        # Each ending step on its own: a full disk that broke the run may break one of them too.
+        ended = ("stopped" if summary.get("stopped") else "finished") if status == "FINISHED" else status.lower()
+        for finish in (lambda: run.store.set_meta(status=ended), lambda: run.tracker.finish(status),
+                       lambda: run.store.checkpoint_wal("TRUNCATE"), lambda: backend and backend.shutdown()):
+            try:
+                finish()
+            except Exception:
+                pass
     run.summary = summary
     return summary
+
+
+def _dead_actor(exc: BaseException) -> str | None:
+    """'the Ray actor <class> (pid N)' when `exc` says an actor died, else None."""
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:
+        return None
+    if not isinstance(exc, RayActorError):
+        return None
+    error = getattr(exc, "error_msg", "") or str(exc)
+    name = next((w for w in ("RolloutWorker", "Learner") if w in error), "a Ray actor")
+    return f"the Ray actor {name}" if name != "a Ray actor" else name
+
+
+def _back_to_last_checkpoint(run: Run, reason: str) -> Path:
+    """After an actor died: drop the store's rows after the last checkpoint (MLflow has only steps
+    up to it) and return that checkpoint, to restart the actors from it."""
+    from mas_lab import checkpoint
+
+    found = checkpoint.complete(run.run_dir)
+    if not found:
+        raise RunError(f"{reason}, and {run.run_dir} has no checkpoint to restart from")
+    saved = checkpoint.verify(found[-1])
+    run.store.rollback(saved["step"])
+    run.store.event(saved["step"], "actor_restart", f"{reason}: restarting from {found[-1].name}")
+    return found[-1]
 
 
 def _stop_on_signals(controller, on_signal: Callable[[str], None] | None) -> None:

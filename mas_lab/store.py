@@ -5,6 +5,7 @@ transaction per step, so a step is either all there or absent.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import json
 import sqlite3
@@ -27,7 +28,7 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE TABLE IF NOT EXISTS candidates (
     id INTEGER PRIMARY KEY, turn_id INTEGER, idx INTEGER, prompt_hash TEXT, response TEXT,
     prompt_tokens INTEGER, response_tokens INTEGER, reward REAL, team REAL, local REAL,
-    components TEXT, advantage REAL, chosen INTEGER, info TEXT, state_after TEXT);
+    components TEXT, advantage REAL, chosen INTEGER, info TEXT, state_after TEXT, logprobs BLOB);
 CREATE TABLE IF NOT EXISTS groups (
     step INTEGER, problem_id TEXT, role TEXT, turn INTEGER, n INTEGER, reward_mean REAL,
     reward_std REAL, reward_min REAL, reward_max REAL, adv_min REAL, adv_max REAL,
@@ -41,20 +42,79 @@ CREATE INDEX IF NOT EXISTS groups_step ON groups (step);
 """
 
 
+# PRAGMA user_version. 0: before versioning; 2: candidates.logprobs (the sampler's per-token
+# log-probs, float32 little-endian). Older stores are upgraded when opened for writing.
+SCHEMA_VERSION = 2
+
+
+def logprobs(blob: bytes | None) -> list[float]:
+    """A stored candidate's sampler log-probs (empty for greedy candidates and older stores)."""
+    return array.array("f", blob).tolist() if blob else []
+
+
+class StoreError(Exception):
+    """A run store that cannot be used; the message says why."""
+
+
 class RunStore:
     def __init__(self, path: str | Path, create: bool = True):
-        """`create=False` opens an existing store for reading without touching its schema."""
+        """`create=True`: open (or make) the store for writing. `create=False`: open an existing
+        store read-only (status, replay, the dashboard), also on read-only media; it never changes
+        the file. A store written by a newer mas-lab is refused either way."""
         self.path = Path(path)
         if not create:
             if not self.path.is_file():
                 raise FileNotFoundError(f"{self.path}: no run store")
-            self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+            self.db = self._read_only()
+            self._check_version()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+        self._check_version()
         self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a committed step survives a power loss
         self.db.executescript(SCHEMA)
+        if "logprobs" not in {row[1] for row in self.db.execute("PRAGMA table_info(candidates)")}:
+            self.db.execute("ALTER TABLE candidates ADD COLUMN logprobs BLOB")
+        self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.db.commit()
+
+    def _read_only(self) -> sqlite3.Connection:
+        uri = f"file:{self.path.resolve()}?mode=ro"
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=10)
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError:  # a WAL store on read-only media: no -shm can be made
+            db.close()
+            return sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False, timeout=10)
+
+    def _check_version(self) -> None:
+        (version,) = self.db.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            self.db.close()
+            raise StoreError(f"{self.path}: written by a newer mas-lab (store schema {version}, this one reads "
+                             f"up to {SCHEMA_VERSION}); upgrade mas-lab to open it")
+
+    def checkpoint_wal(self, mode: str = "PASSIVE") -> None:
+        """Move committed steps from run.db-wal into run.db (after every step), so the main file
+        alone holds the finished steps. PASSIVE never waits for a reader (the dashboard); frames a
+        reader still needs move at the next step; TRUNCATE (at the end of a run) waits."""
+        self.db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+
+    def digest(self, through_step: int) -> dict[str, Any]:
+        """What the store holds up to a step: recorded in each checkpoint, compared on resume."""
+        count = lambda query: self.db.execute(query, (through_step,)).fetchone()[0]  # noqa: E731
+        turns = "SELECT id FROM turns WHERE episode_id IN (SELECT id FROM episodes WHERE step <= ?)"
+        return {
+            "steps": [s for (s,) in self.db.execute("SELECT step FROM steps WHERE step <= ? ORDER BY step", (through_step,))],
+            "episodes": count("SELECT COUNT(*) FROM episodes WHERE step <= ?"),
+            "candidates": self.db.execute(f"SELECT COUNT(*) FROM candidates WHERE turn_id IN ({turns})",
+                                          (through_step,)).fetchone()[0],
+            "groups": count("SELECT COUNT(*) FROM groups WHERE step <= ?"),
+            "metrics": count("SELECT COUNT(*) FROM metrics WHERE step <= ?"),
+            "run_id": self.meta().get("run_id"),
+        }
 
     # --- writing -------------------------------------------------------------------------------
     def set_meta(self, **values: Any) -> None:
@@ -97,6 +157,7 @@ class RunStore:
             self.db.executemany(
                 "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", [(step, k, float(v)) for k, v in (metrics or {}).items()]
             )
+        self.checkpoint_wal()
 
     def _write_episode(self, step: int, kind: str, episode) -> None:
         cur = self.db.execute(
@@ -113,10 +174,11 @@ class RunStore:
             turn_id = cur.lastrowid
             self.db.executemany(
                 "INSERT INTO candidates (turn_id, idx, prompt_hash, response, prompt_tokens, response_tokens, reward, team,"
-                " local, components, advantage, chosen, info, state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " local, components, advantage, chosen, info, state_after, logprobs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (turn_id, c.index, c.prompt_hash, c.response, len(c.prompt_ids), len(c.response_ids), c.reward,
-                     c.team, c.local, json.dumps(c.components), c.advantage, int(c.chosen), c.info, c.state_after)
+                     c.team, c.local, json.dumps(c.components), c.advantage, int(c.chosen), c.info, c.state_after,
+                     array.array("f", c.logprobs).tobytes() if c.logprobs else None)
                     for c in turn.candidates
                 ],
             )
@@ -181,6 +243,7 @@ class RunStore:
             turn["candidates"] = self.rows("SELECT * FROM candidates WHERE turn_id = ? ORDER BY idx", turn["id"])
             for c in turn["candidates"]:
                 c["components"] = json.loads(c["components"])
+                c["logprobs"] = logprobs(c.get("logprobs"))
         return episode
 
     # --- views for replay and the dashboard (each loads one step or one episode: lazy by design) --

@@ -11,6 +11,20 @@ import time
 from pathlib import Path
 
 
+def resolve_uri(uri: str, base: Path | None = None) -> str:
+    """A tracking URI that means the same from any working folder: a relative SQLite or file path
+    is made absolute against `base` (default: the working folder)."""
+    base = Path(base or Path.cwd())
+    for scheme in ("sqlite:///", "file://"):
+        if uri.startswith(scheme):
+            path = uri[len(scheme):]
+            if path and not path.startswith("/") and path != ":memory:":
+                return scheme + str((base / path).resolve())
+    if "://" not in uri and not uri.startswith("/"):
+        return str((base / uri).resolve())
+    return uri
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None):
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")

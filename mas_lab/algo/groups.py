@@ -63,6 +63,8 @@ class Candidate:
     chosen: bool = False
     info: str = ""
     state_after: str = ""
+    logprobs: list[float] = field(default_factory=list)  # the sampler's, per response token
+    temperature: float = 1.0  # the distribution it was sampled from
 
     @property
     def key(self) -> GroupKey:

@@ -21,12 +21,19 @@ from pydantic import Field
 from mas_lab.envs.base import ActionResult, Env, EnvParams, Problem
 from mas_lab.sandbox import Limits, run_python
 
-_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_OPEN_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*)$", re.DOTALL)
 
 
 def extract_code(text: str) -> str:
+    """The program in a reply: the last closed ```python block; else the text after an opening
+    fence that was never closed (the model ran out of tokens), not the prose before it; else the
+    whole reply."""
     blocks = _CODE_BLOCK.findall(text)
-    return blocks[-1] if blocks else text
+    if blocks:
+        return blocks[-1]
+    opened = _OPEN_BLOCK.search(text)
+    return opened.group(1) if opened else text
 
 
 class GameParams(EnvParams):

@@ -61,28 +61,38 @@ class Learner:
         self.version = 0
 
     def _batch(self, samples: list[Sample]) -> tuple[torch.Tensor, ...]:
-        """Right-padded [prompt + response] ids, attention mask, response-token mask, advantages."""
+        """Right-padded [prompt + response] ids, attention mask, response-token mask, advantages,
+        per-token temperatures and sampler log-probs (NaN where the sampler reported none)."""
         sequences = [s.prompt_ids + s.response_ids for s in samples]
         width = max(len(seq) for seq in sequences)
         ids = torch.zeros(len(samples), width, dtype=torch.long)
         attention = torch.zeros(len(samples), width, dtype=torch.long)
         loss_mask = torch.zeros(len(samples), width - 1)
+        temperature = torch.ones(len(samples), width - 1)
+        sampler = torch.full((len(samples), width - 1), float("nan"))
         for row, (s, seq) in enumerate(zip(samples, sequences)):
             ids[row, : len(seq)] = torch.tensor(seq)
             attention[row, : len(seq)] = 1
             # token j+1 is predicted at position j; only response tokens carry loss
-            loss_mask[row, len(s.prompt_ids) - 1 : len(seq) - 1] = 1.0
+            start, end = len(s.prompt_ids) - 1, len(seq) - 1
+            loss_mask[row, start:end] = 1.0
+            temperature[row, start:end] = s.temperature or 1.0
+            if len(s.sampler_logprobs) == len(s.response_ids):
+                sampler[row, start:end] = torch.tensor(s.sampler_logprobs)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        return ids, attention, loss_mask, advantages
+        return ids, attention, loss_mask, advantages, temperature, sampler
 
-    def _logp(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities of the response tokens ([B, L-1], zero elsewhere). The output layer
-        runs only at response positions: prompt positions carry no loss, and with a large vocabulary
-        the output layer is a good part of the cost."""
+    def _logp(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
+              temperature: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of the response tokens ([B, L-1], zero elsewhere) under the sampled
+        distribution, softmax(logits / temperature) (as TRL and verl; top-p truncation is not
+        modelled). The output layer runs only at response positions: prompt positions carry no
+        loss, and with a large vocabulary the output layer is a good part of the cost."""
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
             hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
             where = mask.bool()
             logits = self.model.get_output_embeddings()(hidden[where]).float()
+        logits = logits / temperature[where].unsqueeze(-1)
         picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
         return torch.zeros(mask.shape, dtype=picked.dtype).masked_scatter(where, picked)
 
@@ -106,17 +116,20 @@ class Learner:
         size = algo.micro_batch
         micro = [self._batch(samples[i : i + size]) for i in range(0, len(samples), size)]
         tokens = sum(float(m[2].sum()) for m in micro)
+        mismatch = _Mismatch()
         normalizer = tokens if algo.loss_agg == "token_mean" else float(len(samples))
         old = None
         if algo.epochs > 1:
             with torch.no_grad():
-                old = [self._logp(ids, att, mask) for ids, att, mask, _ in micro]
+                old = [self._logp(ids, att, mask, temp) for ids, att, mask, _, temp, _ in micro]
         total_loss, clipped, grad_norm = 0.0, 0.0, 0.0
-        for _ in range(algo.epochs):
+        for epoch in range(algo.epochs):
             optimizer.zero_grad(set_to_none=True)
             epoch_loss = 0.0
-            for i, (ids, attention, mask, advantages) in enumerate(micro):
-                logp = self._logp(ids, attention, mask)
+            for i, (ids, attention, mask, advantages, temperature, sampler) in enumerate(micro):
+                logp = self._logp(ids, attention, mask, temperature)
+                if epoch == 0:
+                    mismatch.add(logp.detach(), sampler, mask)
                 logp_old = old[i] if old is not None else logp.detach()
                 loss, stats = clipped_policy_loss(
                     logp, logp_old, advantages, mask, eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high,
@@ -136,6 +149,7 @@ class Learner:
             "samples": len(samples),
             "tokens": tokens,
             "learner_s": time.perf_counter() - started,
+            **mismatch.metrics(),
         }
 
     def weights(self, name: str) -> dict[str, torch.Tensor]:
@@ -182,3 +196,25 @@ class Learner:
 
     def ready(self) -> bool:
         return True
+
+
+class _Mismatch:
+    """Rollout / training mismatch over the tokens whose sampler log-probs are known, before the
+    update: mean |logp_learner - logp_sampler| and the k3 estimate of KL(sampler || learner),
+    E[r - 1 - log r] with r = p_learner / p_sampler (Schulman 2020), which is >= 0 per token."""
+
+    def __init__(self) -> None:
+        self.tokens, self.abs_sum, self.kl_sum = 0, 0.0, 0.0
+
+    def add(self, learner: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> None:
+        known = mask.bool() & ~torch.isnan(sampler)
+        if known.any():
+            delta = (learner - sampler)[known].double()
+            self.tokens += int(known.sum())
+            self.abs_sum += float(delta.abs().sum())
+            self.kl_sum += float((torch.exp(delta) - 1 - delta).sum())
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"mismatch_abs": self.abs_sum / self.tokens, "mismatch_kl": self.kl_sum / self.tokens}

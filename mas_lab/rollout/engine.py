@@ -8,7 +8,7 @@ learns to stop) and drops the padding after it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,9 +17,13 @@ from mas_lab.config import Lora, Sampling
 
 @dataclass
 class Generation:
+    """One candidate: its tokens, its text, and the sampler's log-probability of each response
+    token under the distribution it was sampled from (logits / temperature; empty when greedy)."""
+
     prompt_ids: list[int]
     response_ids: list[int]
     text: str
+    logprobs: list[float] = field(default_factory=list)
 
 
 def set_threads(threads: int) -> None:
@@ -28,6 +32,29 @@ def set_threads(threads: int) -> None:
     import os
 
     torch.set_num_threads(threads or os.cpu_count() or 1)
+
+
+def stop_ids(tokenizer, model) -> set[int]:
+    """Every token that ends a turn: the tokenizer's eos, the model's generation config eos (one or
+    a list), and the ChatML / SmolLM2 end tokens where the vocabulary has them (SmolLM2's eos is
+    <|im_end|>, but <|endoftext|> also ends its text)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[token] for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>") if token in vocab)
+    return {i for i in ids if i is not None}
+
+
+def sampled_logprobs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[rows, steps] log-probabilities of the sampled tokens under softmax(logits / temperature):
+    the distribution the learner differentiates (top-p truncation is not renormalised in, as in
+    TRL and verl). `logits` are generate's raw per-step logits."""
+    out = torch.empty(tokens.shape, dtype=torch.float32)
+    for step, step_logits in enumerate(logits):
+        scaled = step_logits.float() / temperature
+        out[:, step] = scaled.gather(-1, tokens[:, step : step + 1]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    return out
 
 
 class HFEngine:
@@ -49,7 +76,7 @@ class HFEngine:
 
             self.model = lora.attach(self.model, self.adapters)
         self.model.eval()
-        self.eos_ids = {self.tokenizer.eos_token_id}
+        self.eos_ids = stop_ids(self.tokenizer, self.model)
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
@@ -83,16 +110,20 @@ class HFEngine:
             max_new_tokens=sampling.max_new_tokens,
             num_return_sequences=n,
             pad_token_id=pad,
-            eos_token_id=list(self.eos_ids),
+            eos_token_id=sorted(self.eos_ids),
+            return_dict_in_generate=True,
+            output_logits=not greedy,
         )
+        sequences = output.sequences
+        logprobs = None if greedy else sampled_logprobs(output.logits, sequences[:, width:], sampling.temperature)
         results: list[list[Generation]] = []
         for p, ids in enumerate(encoded):
             row = []
             for c in range(n):
-                response = output[p * n + c, width:].tolist()
-                response = self._cut(response)
+                response = self._cut(sequences[p * n + c, width:].tolist())
                 text = self.tokenizer.decode(response, skip_special_tokens=True)
-                row.append(Generation(prompt_ids=ids, response_ids=response, text=text))
+                lp = logprobs[p * n + c, : len(response)].tolist() if logprobs is not None else []
+                row.append(Generation(prompt_ids=ids, response_ids=response, text=text, logprobs=lp))
             results.append(row)
         self.stats["generated_tokens"] += sum(len(g.response_ids) for row in results for g in row)
         self.stats["generate_s"] += time.perf_counter() - started

@@ -1,0 +1,198 @@
+"""The run store never silently loses a step: durable at step boundaries, checked against the
+checkpoint on resume, one process per run folder, versioned, opened read-only by readers."""
+import hashlib
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mas_lab.control import RunControl
+from mas_lab.store import RunStore
+
+from conftest import ROOT
+
+MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
+TOY = str(ROOT / "tasks" / "toy.yaml")
+FAST = ["--no-ray", "--set", "checkpoint.every=1", "--set", "resources.torch_threads=1"]
+
+
+def cli(*args, cwd, timeout=300):
+    return subprocess.run([MAS_LAB, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def status(run_dir: Path, cwd: Path) -> dict:
+    proc = cli("status", run_dir, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def wait_for(predicate, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def finished_run(cwd: Path, steps: int = 4) -> Path:
+    proc = cli("run", TOY, *FAST, "--set", f"train.steps={steps}", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cwd / json.loads(proc.stdout.splitlines()[-1])["run_dir"]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def steps_in(run_dir: Path) -> list[int]:
+    return [r["step"] for r in RunStore(run_dir / "run.db", create=False).rows("SELECT step FROM steps ORDER BY step")]
+
+
+def test_a_killed_run_is_crashed_and_resumes_exactly_even_without_its_wal(tmp_path):
+    proc = subprocess.Popen([MAS_LAB, "run", TOY, *FAST, "--set", "train.steps=6", "--run-dir", "runs/r"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "runs" / "r"
+    wait_for(lambda: (run_dir / "run.db").is_file() and status(run_dir, tmp_path).get("step") == 4, what="step 4")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed = status(run_dir, tmp_path)
+    assert killed["status"] == "crashed" and killed["running"] is False
+    for suffix in ("-wal", "-shm"):  # the WAL is lost with the machine
+        Path(f"{run_dir / 'run.db'}{suffix}").unlink(missing_ok=True)
+    again = cli("run", "--resume", run_dir, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert steps_in(run_dir) == [0, 1, 2, 3, 4, 5, 6]
+    counts = RunStore(run_dir / "run.db", create=False).rows(
+        "SELECT step, kind, COUNT(*) AS n FROM episodes GROUP BY step, kind ORDER BY step, kind")
+    per_kind = {kind: {r["n"] for r in counts if r["kind"] == kind} for kind in ("train", "eval")}
+    assert len(per_kind["train"]) == 1 and len(per_kind["eval"]) == 1, counts  # no step half or twice
+    assert [r["step"] for r in counts if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_store_that_lost_steps_is_refused_and_left_alone(tmp_path):
+    run_dir = finished_run(tmp_path)
+    with sqlite3.connect(run_dir / "run.db") as db:  # data lost behind the checkpoint's back
+        db.execute("DELETE FROM steps WHERE step = 2")
+        db.execute("DELETE FROM episodes WHERE step = 2")
+    before = digest(run_dir / "run.db")
+    result = cli("run", "--resume", run_dir, "--set", "train.steps=6", cwd=tmp_path)
+    assert result.returncode == 2 and "does not hold what checkpoint" in result.stderr and "[2]" in result.stderr
+    assert digest(run_dir / "run.db") == before
+
+
+def test_one_process_per_run_folder(tmp_path):
+    run_dir = finished_run(tmp_path, steps=2)
+    first = subprocess.Popen([MAS_LAB, "run", "--resume", str(run_dir), *FAST, "--set", "train.steps=400"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: status(run_dir, tmp_path)["running"], what="the first resume")
+        second = cli("run", "--resume", run_dir, "--set", "train.steps=400", cwd=tmp_path)
+        assert second.returncode == 2 and "still running" in second.stderr
+        assert cli("stop", run_dir, "--wait", cwd=tmp_path).returncode == 0
+        assert first.wait(timeout=120) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    steps = steps_in(run_dir)
+    assert steps == sorted(set(steps))  # no step twice
+
+
+def test_a_store_from_a_newer_mas_lab_is_refused_before_any_work(tmp_path):
+    run_dir = finished_run(tmp_path, steps=1)
+    with sqlite3.connect(run_dir / "run.db") as db:
+        db.execute("PRAGMA user_version = 99")
+    for args in (("run", "--resume", run_dir), ("status", run_dir), ("replay", run_dir, "--text")):
+        result = cli(*args, cwd=tmp_path)
+        assert result.returncode == 2 and "newer mas-lab" in result.stderr, (args, result.stderr[-500:])
+        assert "Traceback" not in result.stderr
+
+
+def test_readers_never_change_the_store(tmp_path):
+    run_dir = finished_run(tmp_path, steps=1)
+    before = digest(run_dir / "run.db")
+    assert cli("status", run_dir, cwd=tmp_path).returncode == 0
+    assert cli("replay", run_dir, "--text", cwd=tmp_path).returncode == 0
+    RunControl(RunStore(run_dir / "run.db", create=False)).status()
+    assert digest(run_dir / "run.db") == before
+
+
+def test_resume_from_another_working_folder_continues_the_same_mlflow_run(tmp_path):
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    run_dir = finished_run(home, steps=2)
+    again = cli("run", "--resume", run_dir.resolve(), "--set", "train.steps=3", *FAST, cwd=elsewhere)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not (elsewhere / "mlruns.db").exists()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlruns.db'}")
+    run_id = json.loads(again.stdout.splitlines()[-1])["mlflow_run_id"]
+    assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "tracking.runs_dir=afile/runs"], "cannot make the run folder"),
+    (["--set", "tracking.mlflow_uri=bogus://x"], "unknown tracking URI scheme"),
+    (["--set", "name=../../x"], "field 'name'"),
+    (["--set", "roles.5.alpha=1"], "index 5 is out of range"),
+    (["--set", "env.params.letters="], "field 'env.params.letters'"),
+])
+def test_bad_inputs_leave_nothing_behind(tmp_path, args, message):
+    (tmp_path / "afile").write_text("")
+    result = cli("run", TOY, "--no-ray", *args, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not any((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else True
+    assert not (tmp_path / "mlruns.db").exists()
+
+
+def test_unreadable_task_files_get_one_line(tmp_path):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)))
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    bomb.write_text("\n".join(lines))
+    for path, message in ((binary, "not a text file"), (bomb, "expand to more than")):
+        started = time.monotonic()
+        result = cli("run", path, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2 and message in result.stderr and time.monotonic() - started < 30
+
+
+def _kill_actor(pattern: str) -> bool:
+    return subprocess.run(["pkill", "-9", "-f", pattern]).returncode == 0
+
+
+def test_a_dead_ray_actor_is_restarted_from_the_last_checkpoint(tmp_path):
+    proc = subprocess.Popen([MAS_LAB, "run", TOY, "--set", "train.steps=8", "--set", "checkpoint.every=1",
+                             "--run-dir", "runs/r"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "runs" / "r"
+    wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 2,
+             timeout=180, what="step 2")
+    assert _kill_actor("ray::RolloutWorker")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    events = RunStore(run_dir / "run.db", create=False).rows("SELECT kind, message FROM events WHERE kind = 'actor_restart'")
+    assert len(events) == 1 and "RolloutWorker died" in events[0]["message"]
+    assert steps_in(run_dir) == list(range(0, 9))
+
+
+def test_a_dead_ray_actor_without_restarts_left_ends_with_one_line(tmp_path):
+    proc = subprocess.Popen([MAS_LAB, "run", TOY, "--set", "train.steps=50", "--set", "resources.actor_restarts=0",
+                             "--run-dir", "runs/r"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "runs" / "r"
+    wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 1,
+             timeout=180, what="step 1")
+    assert _kill_actor("ray::Learner")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert f"the Ray actor Learner died" in err and f"mas-lab run --resume {Path('runs/r')}" in err
+    assert status(run_dir, tmp_path)["status"] == "failed"
