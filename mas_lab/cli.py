@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
@@ -18,8 +20,33 @@ from mas_lab import runs
 from mas_lab.config import TaskConfig
 from mas_lab.progress import ProgressEvent
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train teams of LLM agents with AT-GRPO.")
+app = typer.Typer(no_args_is_help=True, help="Train teams of LLM agents with AT-GRPO.")
 console = Console(stderr=True)
+
+
+class Kind(str, Enum):
+    train = "train"
+    eval = "eval"
+
+
+class Mode(str, Enum):
+    mas = "mas"
+    single_agent = "single_agent"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"mas-lab {version('mas-lab')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """Train teams of LLM agents with AT-GRPO."""
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -84,6 +111,10 @@ def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
         except runs.RunError as exc:
             bar.stop()
             _fail(str(exc), code=1)
+        except (OSError, sqlite3.Error) as exc:  # a full disk, a lost mount: one line, not a traceback
+            bar.stop()
+            _fail(f"the run failed: {type(exc).__name__}: {exc} (is the disk full?); its store and MLflow run are "
+                  f"marked failed; once fixed, continue with: mas-lab run --resume {opened.run_dir}", code=1)
 
 
 def _print_summary(opened: runs.Run, summary: dict) -> None:
@@ -96,12 +127,19 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         return sum(values) / len(values) if values else math.nan
 
     console.print("\n[bold]summary[/]", highlight=False)
+    def shown(result: dict | None) -> str:
+        if result is None:
+            return "not evaluated" + (" (stopped before the last step)" if summary.get("stopped") else "")
+        low, high = result["ci"]
+        return f"{result['success']:.3f}  95% [{low:.3f}, {high:.3f}]  (step {result['step']})"
+
     rows = [
         ("stopped early" if summary.get("stopped") else "finished", f"after step {summary.get('steps')}"),
-        ("eval success before", f"{summary['eval_before']:.3f}"),
-        ("eval success after", f"{summary['eval_after']:.3f}"),
+        ("eval success before", shown(summary.get("before"))),
+        ("eval success after", shown(summary.get("after"))),
+        ("so", summary.get("verdict", "")),
         ("steps", str(len(train_steps))),
-        ("mean step time (s)", f"{mean('time/step'):.2f}"),
+        ("mean step time (s)", f"{mean('time/step'):.2f}" if train_steps else "-"),
         ("  rollout / reward / learner / sync / other",
          " / ".join(f"{mean('time/' + k):.2f}" for k in ("rollout", "reward", "learner", "weight_sync", "other"))),
         ("tokens per second (rollout)", f"{mean('tokens_per_s'):.1f}"),
@@ -110,7 +148,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
     ]
     for name, value in rows:
         console.print(f"  {name:<44} {value}", highlight=False, soft_wrap=True)
-    print(json.dumps({"run_dir": str(run_dir), "mlflow_run_id": tracker.run_id, **summary}))
+    print(json.dumps({"run_dir": str(run_dir), "mlflow_run_id": tracker.run_id, **summary}, allow_nan=False))
 
 
 @app.command()
@@ -119,17 +157,17 @@ def replay(
     text: bool = typer.Option(False, "--text", help="print the episode as text"),
     step: Optional[int] = typer.Option(None, "--step", help="training step (default: the first)"),
     episode: int = typer.Option(0, "--episode", help="episode index within the step"),
-    kind: str = typer.Option("train", "--kind", help="train or eval"),
+    kind: Kind = typer.Option(Kind.train, "--kind", help="which episodes: training or evaluation"),
 ) -> None:
     """Print one saved episode turn by turn: every candidate, its reward and advantage, the chosen one."""
     from mas_lab.episode_text import format_episode
 
     store = _open_store(run_dir)
     if step is None:
-        step = store.first_step(kind) or 0
-    record = store.episode(step, episode, kind)
+        step = store.first_step(kind.value) or 0
+    record = store.episode(step, episode, kind.value)
     if record is None:
-        _fail(f"{run_dir}: no {kind} episode {episode} at step {step}")
+        _fail(f"{run_dir}: no {kind.value} episode {episode} at step {step}")
     if not text:
         from tui.app import MasLabApp
 
@@ -142,7 +180,7 @@ def replay(
 def evaluate(
     task_file: Path = typer.Argument(..., help="task file (tasks/*.yaml)"),
     checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/step-N)"),
-    mode: Optional[str] = typer.Option(None, "--mode", help="mas or single_agent (default: the task's own)"),
+    mode: Optional[Mode] = typer.Option(None, "--mode", help="team (mas) or one agent (single_agent); default: the task's own"),
     swap: bool = typer.Option(False, "--swap-policies", help="rotate the role -> policy map (two roles: swap)"),
     problems: Optional[int] = typer.Option(None, "--problems", help="held-out problems (default: train.eval_problems)"),
     samples: int = typer.Option(1, "--samples", min=1, help="1: greedy; S > 1: S sampled trajectories per problem"),
@@ -152,10 +190,10 @@ def evaluate(
     """Evaluate a task's team (or single agent) on fixed held-out problems; print a table."""
     overrides = list(set_ or []) + ([f"train.eval_problems={problems}"] if problems is not None else [])
     try:
-        task = runs.eval_task(task_file, overrides, mode, swap)
+        task = runs.eval_task(task_file, overrides, mode.value if mode else None, swap)
         with console.status("starting actors and loading models, then evaluating ..."):
             opened, metrics = runs.evaluate(task, task_file, samples, checkpoint_dir,
-                                            {"mode": mode or task.algorithm.mode, "swap_policies": str(swap)},
+                                            {"mode": mode.value if mode else task.algorithm.mode, "swap_policies": str(swap)},
                                             use_ray=not no_ray)
     except runs.RunError as exc:
         _fail(str(exc))
@@ -243,29 +281,168 @@ def _request(run_dir: Path, command: str, wait: bool) -> None:
 
 
 @app.command()
-def pause(run_dir: Path, wait: bool = typer.Option(False, "--wait", help="return once the run is paused")) -> None:
+def pause(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"), wait: bool = typer.Option(False, "--wait", help="return once the run is paused")) -> None:
     """Pause a running run at its next step boundary (checkpointed; the actors stay alive)."""
     _request(run_dir, "pause", wait)
 
 
 @app.command()
-def resume(run_dir: Path, wait: bool = typer.Option(False, "--wait", help="return once the run is running")) -> None:
+def resume(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"), wait: bool = typer.Option(False, "--wait", help="return once the run is running")) -> None:
     """Resume a paused run. (To continue a run that ended or crashed: mas-lab run --resume RUN_DIR.)"""
     _request(run_dir, "resume", wait)
 
 
 @app.command()
-def stop(run_dir: Path, wait: bool = typer.Option(False, "--wait", help="return once the run has stopped")) -> None:
+def stop(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"), wait: bool = typer.Option(False, "--wait", help="return once the run has stopped")) -> None:
     """Stop a run gracefully at its next step boundary, with a final checkpoint."""
     _request(run_dir, "stop", wait)
 
 
 @app.command()
-def status(run_dir: Path) -> None:
+def status(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)")) -> None:
     """Step, phase, paused or not, last checkpoint, and whether the run's process is alive."""
     state = _control(run_dir).status()
     print(json.dumps({k: state.get(k) for k in ("status", "running", "step", "phase", "paused", "last_checkpoint",
-                                                 "actors_alive", "pid", "pending")}))
+                                                 "actors_alive", "pid", "pending", "error")}))
+
+
+@app.command("runs")
+def list_runs(
+    folder: Path = typer.Argument(Path("runs"), help="a folder of run folders (default: runs)"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per line instead of a table"),
+) -> None:
+    """The runs in a folder: id, task, kind, status (crashed when its process died), step, eval
+    success first and last, when it started, MLflow run id."""
+    import datetime
+
+    from rich.table import Table
+
+    if not folder.is_dir():
+        _fail(f"{folder}: no such folder")
+    rows = runs.list_runs(folder)
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    table = Table(title=f"{len(rows)} runs in {folder}")
+    for name in ("run", "task", "kind", "status", "step", "eval first", "eval last", "started", "mlflow run"):
+        table.add_column(name, justify="right" if name in ("step", "eval first", "eval last") else "left")
+
+    def rate(value) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    for r in rows:
+        started = datetime.datetime.fromtimestamp(r["started"]).strftime("%Y-%m-%d %H:%M") if r.get("started") else "-"
+        table.add_row(r["run"], r.get("task") or "-", r.get("kind") or "-", r["status"],
+                      f"{r.get('step') or 0}/{r.get('steps') or '?'}", rate(r.get("eval_first")), rate(r.get("eval_last")),
+                      started, (r.get("mlflow_run_id") or "-")[:12])
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@app.command()
+def ui(
+    target: Path = typer.Argument(Path("runs"), help="a run folder (its tracking store) or any folder (the default store)"),
+    port: int = typer.Option(5000, "--port", help="port on 127.0.0.1"),
+) -> None:
+    """Start the MLflow UI on a run's tracking store and print its address (Ctrl+C stops it)."""
+    import subprocess
+
+    from mas_lab.config import Tracking
+    from mas_lab.tracking import resolve_uri
+
+    uri = resolve_uri(Tracking().mlflow_uri)
+    if (target / "run.db").is_file():
+        uri = _open_store(target).meta().get("mlflow_uri") or uri
+    console.print(f"MLflow UI on {uri}: http://127.0.0.1:{port}  (Ctrl+C stops it)", highlight=False, soft_wrap=True)
+    try:
+        subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                        "--port", str(port)], check=False)
+    except KeyboardInterrupt:
+        pass
+
+
+class Format(str, Enum):
+    jsonl = "jsonl"
+    parquet = "parquet"
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"),
+    output: Path = typer.Option(..., "--output", "-o", help="the file to write"),
+    fmt: Format = typer.Option(Format.jsonl, "--format", help="JSON lines or Parquet"),
+    kind: Kind = typer.Option(Kind.train, "--kind", help="training or evaluation episodes"),
+    steps: Optional[str] = typer.Option(None, "--steps", help="A:B, the steps from A to B (either may be left out)"),
+    chosen_only: bool = typer.Option(False, "--chosen-only", help="only the chosen candidate of each (turn, agent)"),
+) -> None:
+    """One record per candidate: problem, role, turn, messages (system, user, assistant), response,
+    reward and components, advantage, chosen, sampler log-probs, step, policy."""
+    from mas_lab.export import export_records
+
+    _open_store(run_dir).close()
+    first = last = None
+    if steps:
+        try:
+            a, b = steps.split(":")
+            first, last = (int(a) if a else None), (int(b) if b else None)
+        except ValueError:
+            _fail(f"--steps '{steps}': expected A:B, e.g. 1:10, 5: or :3")
+    count = export_records(run_dir, output, fmt.value, kind.value, (first, last), chosen_only)
+    console.print(f"{count} records written to {output}", highlight=False)
+
+
+@app.command("export-policy")
+def export_policy(
+    checkpoint_dir: Path = typer.Argument(..., help="a checkpoint folder (runs/<run>/checkpoints/step-N)"),
+    policy: str = typer.Argument(..., help="the policy's name in the task file"),
+    output: Path = typer.Argument(..., help="the Hugging Face model folder to write"),
+    adapter: bool = typer.Option(False, "--adapter", help="LoRA: keep a peft adapter folder instead of merging"),
+) -> None:
+    """A policy as a Hugging Face folder (config, tokenizer, safetensors) that from_pretrained and
+    vLLM load; a LoRA policy is merged into its base unless --adapter."""
+    from mas_lab.export import ExportError
+    from mas_lab.export import export_policy as write
+
+    try:
+        folder = write(checkpoint_dir, policy, output, merge=not adapter)
+    except ExportError as exc:
+        _fail(str(exc))
+    console.print(f"policy '{policy}' written to {folder}", highlight=False)
+
+
+@app.command()
+def plot(
+    run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for the PNG files (default: RUN_DIR/plots)"),
+) -> None:
+    """Write the run's charts as PNG files: held-out success with intervals, reward per role and
+    per (agent, turn), team reward, zero-std share, learner and sampling diagnostics, time split."""
+    from mas_lab.plots import plot_run
+
+    _open_store(run_dir).close()
+    written = plot_run(run_dir, output or run_dir / "plots")
+    for path in written:
+        print(path)
+
+
+@app.command()
+def config(
+    task_file: Optional[Path] = typer.Argument(None, help="task file (tasks/*.yaml)"),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="override a field: key.path=value (repeatable)"),
+    schema: bool = typer.Option(False, "--schema", help="print the task files' JSON Schema (for editor completion)"),
+) -> None:
+    """Print a task as resolved (defaults filled in, overrides applied, checked), or the schema."""
+    from mas_lab.config import TaskConfig, task_to_yaml
+
+    if schema:
+        print(json.dumps(TaskConfig.model_json_schema(), indent=1))
+        return
+    if task_file is None:
+        _fail("give a task file, or --schema")
+    try:
+        sys.stdout.write(task_to_yaml(runs.load(task_file, list(set_ or []))))
+    except runs.RunError as exc:
+        _fail(str(exc))
 
 
 @app.command()

@@ -396,7 +396,7 @@ def flat_params(task: TaskConfig) -> dict[str, str]:
         elif isinstance(node, list):
             for i, value in enumerate(node):
                 walk(f"{prefix}.{i}", value)
-        else:
+        elif node is not None:  # an unset option is absent, not the string "None"
             out[prefix] = str(node)
 
     walk("", task.model_dump(mode="json"))

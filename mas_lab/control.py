@@ -60,6 +60,7 @@ class RunControl:
         meta = self.store.meta()
         state = dict(meta.get("state") or {})
         state["status"] = meta.get("status", "unknown")
+        state["error"] = meta.get("error")
         state["running"] = lock_held(self.store.path.parent) and state["status"] == "running"
         if state["status"] in ("running", "starting") and not lock_held(self.store.path.parent):
             state["status"] = "crashed"  # its process died without recording how it ended

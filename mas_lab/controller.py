@@ -17,6 +17,7 @@ from mas_lab.algo import build_groups, build_trajectory_groups, filter_groups, g
 from mas_lab.backend import PolicyBackend
 from mas_lab.config import TaskConfig
 from mas_lab.control import RunControl
+from mas_lab.diagnostics import diagnostics
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout
 from mas_lab.learner.samples import Sample
@@ -57,6 +58,19 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def verdict(before: dict | None, after: dict | None) -> str:
+    """The before/after comparison of held-out success in plain words (95% Wilson intervals)."""
+    if before is None or after is None:
+        return "no evaluation after training to compare with" if before else "no evaluation"
+    (b_low, b_high), (a_low, a_high) = before["ci"], after["ci"]
+    change = f"held-out success {before['success']:.3f} [{b_low:.2f}, {b_high:.2f}] -> {after['success']:.3f} [{a_low:.2f}, {a_high:.2f}]"
+    if a_low > b_high:
+        return change + ": better after training (the 95% intervals do not overlap)"
+    if a_high < b_low:
+        return change + ": worse after training (the 95% intervals do not overlap)"
+    return change + ": no clear change (the 95% intervals overlap)"
 
 
 def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
@@ -147,6 +161,7 @@ class Controller:
         metrics = reward_metrics(episodes)
         metrics["groups"] = len(groups)
         metrics["zero_std_frac"] = statistics.fmean(float(g.zero_std) for g in stats) if stats else 0.0
+        metrics.update(diagnostics(groups, kept))
         metrics["filtered_groups"] = report.dropped_groups
         metrics["filtered_samples"] = report.dropped_samples
         for name, update in updates.items():
@@ -215,16 +230,24 @@ class Controller:
         tell(ProgressEvent("finished" if self.step >= train.steps else "stopped", self.step))
         return self.summary()
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict:
+        """Held-out success before training and after it, with 95% intervals, and what they say.
+        "After" is the evaluation at the final step only: a run stopped early has none (None)."""
         metrics = self.store.metrics()
         evals = sorted(s for s, m in metrics.items() if "eval/success_rate" in m)
-        nan = float("nan")
-        return {
-            "eval_before": metrics[evals[0]]["eval/success_rate"] if evals else nan,
-            "eval_after": metrics[evals[-1]]["eval/success_rate"] if evals else nan,
-            "steps": self.step,
-            "stopped": self.step < self.task.train.steps,
-        }
+
+        def at(step: int | None) -> dict | None:
+            if step is None:
+                return None
+            m = metrics[step]
+            return {"step": step, "success": m["eval/success_rate"],
+                    "ci": [m.get("eval/success_ci_low"), m.get("eval/success_ci_high")]}
+
+        before = at(evals[0] if evals else None)
+        after = at(evals[-1] if evals and evals[-1] == self.step and self.step > evals[0] else None)
+        return {"eval_before": before["success"] if before else None, "eval_after": after["success"] if after else None,
+                "before": before, "after": after, "verdict": verdict(before, after),
+                "steps": self.step, "stopped": self.step < self.task.train.steps}
 
     def request_stop(self) -> None:
         """From a signal handler: stop at the next safe point, with a checkpoint."""

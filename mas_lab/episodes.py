@@ -38,6 +38,7 @@ class AgentTurn:
     candidates: list[Candidate]
     chosen: int
     state_after: str
+    system: str = ""  # the role's system prompt (the observation is the user message)
 
 
 @dataclass
@@ -160,11 +161,13 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
                 prompt_ids=gen.prompt_ids, response_ids=gen.response_ids, response=gen.text,
                 reward=spec.alpha * result.team + result.local, team=result.team, local=result.local,
                 components=dict(result.components), info=result.info, state_after=branches[j].render(),
-                logprobs=gen.logprobs, temperature=sampling.temperature,
+                logprobs=gen.logprobs, temperature=sampling.temperature, entropy=gen.entropy, truncated=gen.truncated,
             ))
         chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
         candidates[chosen].chosen = True
         branch = branches[position * k + chosen]
-        episode.turns.append(AgentTurn(turn, role, spec.policy, prompts[position][-1]["content"], candidates, chosen,
-                                  branch.render()))
+        messages = prompts[position]
+        system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+        episode.turns.append(AgentTurn(turn, role, spec.policy, messages[-1]["content"], candidates, chosen,
+                                       branch.render(), system))
         yield episode, branch, candidates[chosen].response

@@ -85,6 +85,7 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
         store = RunStore(run_dir / "run.db")
         tracker.log_params(flat_params(task))
         tracker.log_artifact(run_dir / "task.yaml")
+        tracker.set_tag("mas_lab.kind", "train")
         store.set_meta(run_id=run_dir.name, task=task.model_dump(mode="json"), task_file=str(task_file),
                        mlflow_uri=uri, mlflow_run_id=tracker.run_id, status="starting")
     except BaseException:
@@ -156,8 +157,17 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
                        f"({type(exc).__name__}: {str(exc)[:200]})") from None
     store = RunStore(run_dir / "run.db")
     store.rollback(saved["step"])
+    stale = store.take_controls()  # requests meant for the process that died: a stale pause would hold this one
+    if stale:
+        store.event(saved["step"], "control", f"dropped requests left by the previous process: {stale}")
     (run_dir / "task.yaml").write_text(task_to_yaml(task))
-    store.set_meta(mlflow_uri=uri)
+    store.set_meta(mlflow_uri=uri, task=task.model_dump(mode="json"))
+    old = flat_params(before)
+    changed = {k: v for k, v in flat_params(task).items() if old.get(k) != v}
+    if changed:  # MLflow params cannot change: the new values become tags, the artifact is replaced
+        tracker.log_artifact(run_dir / "task.yaml")
+        for key, value in changed.items():
+            tracker.set_tag(f"mas_lab.resumed.{key}", f"{old.get(key)} -> {value}"[:5000])
     return Run(task, run_dir, store, tracker, resume_from=last)
 
 
@@ -175,9 +185,17 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
     from mas_lab.backend import Backend
     from mas_lab.controller import Controller
 
-    tell = progress or (lambda event: None)
+    from mas_lab.control import RunControl
+
+    control = RunControl(run.store)
+
+    def tell(event: ProgressEvent) -> None:  # start-up phases reach the dashboard too
+        control.publish(phase=event.phase)
+        if progress:
+            progress(event)
+
     status, backend, summary, restarts = "FAILED", None, {}, 0
-    run.store.set_meta(status="running")
+    run.store.set_meta(status="running", error=None)
     try:
         while True:
             try:
@@ -206,17 +224,29 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
     except KeyboardInterrupt:
         status = "KILLED"
         raise
+    except BaseException as exc:  # the reason, for `status` and the dashboard
+        _record_error(run, exc)
+        raise
     finally:
         # Each ending step on its own: a full disk that broke the run may break one of them too.
         ended = ("stopped" if summary.get("stopped") else "finished") if status == "FINISHED" else status.lower()
-        for finish in (lambda: run.store.set_meta(status=ended), lambda: run.tracker.finish(status),
-                       lambda: run.store.checkpoint_wal("TRUNCATE"), lambda: backend and backend.shutdown()):
+        mlflow_status = "KILLED" if ended in ("stopped", "killed") else status  # a stopped run did not finish
+        for finish in (lambda: run.store.set_meta(status=ended), lambda: run.tracker.set_tag("mas_lab.end", ended),
+                       lambda: run.tracker.finish(mlflow_status),
+                       run.store.finish, lambda: backend and backend.shutdown()):
             try:
                 finish()
             except Exception:
                 pass
     run.summary = summary
     return summary
+
+
+def _record_error(run: Run, exc: BaseException) -> None:
+    try:
+        run.store.set_meta(error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}")
+    except Exception:
+        pass
 
 
 def _dead_actor(exc: BaseException) -> str | None:
@@ -343,3 +373,35 @@ def start_in_background(task_file: Path, overrides: list[str], run_dir: Path | N
             raise RunError(f"the run ended at start; see {run_dir / 'run.log'}")
         time.sleep(poll_s)
     return run_dir, process
+
+
+# --- runs at a glance --------------------------------------------------------------------------
+def list_runs(folder: Path) -> list[dict]:
+    """One row per run folder under `folder`: id, task, kind, status (true: a run whose process
+    died is "crashed"), step / total, eval success first and last, started, MLflow run id."""
+    import sqlite3
+
+    from mas_lab.control import RunControl
+
+    rows = []
+    for run_dir in sorted(p for p in Path(folder).iterdir() if (p / "run.db").is_file()):
+        row = {"run": run_dir.name, "path": str(run_dir)}
+        try:
+            store = RunStore(run_dir / "run.db", create=False)
+        except (StoreError, sqlite3.Error) as exc:
+            rows.append({**row, "status": f"unreadable: {exc}"})
+            continue
+        try:
+            meta, state = store.meta(), RunControl(store).status()
+            task = meta.get("task") or {}
+            evals = store.series("eval/success_rate")
+            started, _ = store.time_span()
+            rows.append({**row, "task": task.get("name"), "kind": meta.get("kind", "train"), "status": state["status"],
+                         "step": state.get("step"), "steps": (task.get("train") or {}).get("steps"),
+                         "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
+                         "started": started, "mlflow_run_id": meta.get("mlflow_run_id")})
+        except sqlite3.Error as exc:
+            rows.append({**row, "status": f"unreadable: {exc}"})
+        finally:
+            store.close()
+    return rows

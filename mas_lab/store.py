@@ -11,7 +11,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from mas_lab.algo.groups import ALL_AGENTS, GroupStats
 
@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     success INTEGER, final_state TEXT, turns INTEGER);
 CREATE TABLE IF NOT EXISTS turns (
     id INTEGER PRIMARY KEY, episode_id INTEGER, turn INTEGER, role TEXT, policy TEXT,
-    observation TEXT, chosen INTEGER, state_after TEXT);
+    observation TEXT, chosen INTEGER, state_after TEXT, system TEXT);
 CREATE TABLE IF NOT EXISTS candidates (
     id INTEGER PRIMARY KEY, turn_id INTEGER, idx INTEGER, prompt_hash TEXT, response TEXT,
     prompt_tokens INTEGER, response_tokens INTEGER, reward REAL, team REAL, local REAL,
@@ -43,11 +43,12 @@ CREATE INDEX IF NOT EXISTS groups_step ON groups (step);
 
 
 # PRAGMA user_version. 0: before versioning; 2: candidates.logprobs (the sampler's per-token
-# log-probs, float32 little-endian). Older stores are upgraded when opened for writing.
+# log-probs, float32) and turns.system (the role's system prompt). Older stores are upgraded
+# when opened for writing.
 SCHEMA_VERSION = 2
 
 
-def logprobs(blob: bytes | None) -> list[float]:
+def decode_logprobs(blob: bytes | None) -> list[float]:
     """A stored candidate's sampler log-probs (empty for greedy candidates and older stores)."""
     return array.array("f", blob).tolist() if blob else []
 
@@ -74,8 +75,9 @@ class RunStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a committed step survives a power loss
         self.db.executescript(SCHEMA)
-        if "logprobs" not in {row[1] for row in self.db.execute("PRAGMA table_info(candidates)")}:
-            self.db.execute("ALTER TABLE candidates ADD COLUMN logprobs BLOB")
+        for table, column, kind in (("candidates", "logprobs", "BLOB"), ("turns", "system", "TEXT")):
+            if column not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.db.commit()
 
@@ -101,6 +103,15 @@ class RunStore:
         alone holds the finished steps. PASSIVE never waits for a reader (the dashboard); frames a
         reader still needs move at the next step; TRUNCATE (at the end of a run) waits."""
         self.db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+
+    def finish(self) -> None:
+        """At the end of a run: everything into run.db and back to a rollback journal, so readers
+        (and copies, e.g. sample runs) need no -wal or -shm file. Skipped while a reader is open."""
+        self.checkpoint_wal("TRUNCATE")
+        try:
+            self.db.execute("PRAGMA journal_mode=DELETE").fetchone()
+        except sqlite3.OperationalError:
+            pass
 
     def digest(self, through_step: int) -> dict[str, Any]:
         """What the store holds up to a step: recorded in each checkpoint, compared on resume."""
@@ -168,8 +179,10 @@ class RunStore:
         episode_id = cur.lastrowid
         for turn in episode.turns:
             cur = self.db.execute(
-                "INSERT INTO turns (episode_id, turn, role, policy, observation, chosen, state_after) VALUES (?,?,?,?,?,?,?)",
-                (episode_id, turn.turn, turn.role, turn.policy, turn.observation, turn.chosen, turn.state_after),
+                "INSERT INTO turns (episode_id, turn, role, policy, observation, chosen, state_after, system)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (episode_id, turn.turn, turn.role, turn.policy, turn.observation, turn.chosen, turn.state_after,
+                 turn.system),
             )
             turn_id = cur.lastrowid
             self.db.executemany(
@@ -243,15 +256,16 @@ class RunStore:
             turn["candidates"] = self.rows("SELECT * FROM candidates WHERE turn_id = ? ORDER BY idx", turn["id"])
             for c in turn["candidates"]:
                 c["components"] = json.loads(c["components"])
-                c["logprobs"] = logprobs(c.get("logprobs"))
+                c["logprobs"] = decode_logprobs(c.get("logprobs"))
         return episode
 
     # --- views for replay and the dashboard (each loads one step or one episode: lazy by design) --
     def steps(self) -> list[int]:
         return [s for (s,) in self.db.execute("SELECT step FROM steps ORDER BY step")]
 
-    def train_steps(self) -> list[int]:
-        return [s for (s,) in self.db.execute("SELECT DISTINCT step FROM episodes WHERE kind = 'train' ORDER BY step")]
+    def train_steps(self, kind: str = "train") -> list[int]:
+        """Steps that have episodes of `kind` (train, or eval)."""
+        return [s for (s,) in self.db.execute("SELECT DISTINCT step FROM episodes WHERE kind = ? ORDER BY step", (kind,))]
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return list(self.db.execute("SELECT step, value FROM metrics WHERE key = ? ORDER BY step", (key,)))
@@ -305,6 +319,34 @@ class RunStore:
             " WHERE e.kind = 'train' AND t.id > ? AND g.zero_std = 1 ORDER BY t.id LIMIT 1", (ALL_AGENTS, after_turn_id),
         ).fetchone()
         return found[0] if found else None
+
+    def candidate_records(self, kind: str = "train", first_step: int | None = None, last_step: int | None = None,
+                          chosen_only: bool = False) -> Iterator[dict[str, Any]]:
+        """Every stored candidate with its episode and turn, step by step (one query, streamed):
+        for export. Columns of stores from before schema 2 (logprobs, system) come back empty."""
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(turns)")}
+        system_column = "t.system" if "system" in columns else "NULL"
+        candidate_columns = {row[1] for row in self.db.execute("PRAGMA table_info(candidates)")}
+        logprob_column = "c.logprobs" if "logprobs" in candidate_columns else "NULL"
+        query = (
+            f"SELECT e.step, e.kind, e.idx AS episode, e.problem_id, e.problem, e.success AS episode_success, t.turn,"
+            f" t.role, t.policy, {system_column} AS system, t.observation, c.idx AS candidate, c.response, c.prompt_tokens,"
+            f" c.response_tokens, c.reward, c.team, c.local, c.components, c.advantage, c.chosen, c.info,"
+            f" {logprob_column} AS logprobs FROM candidates c JOIN turns t ON c.turn_id = t.id"
+            f" JOIN episodes e ON t.episode_id = e.id WHERE e.kind = ? AND e.step BETWEEN ? AND ?"
+            + (" AND c.chosen = 1" if chosen_only else "") + " ORDER BY e.step, e.idx, t.id, c.idx"
+        )
+        cursor = self.db.execute(query, (kind, -1 if first_step is None else first_step,
+                                         2**62 if last_step is None else last_step))
+        names = [d[0] for d in cursor.description]
+        for row in cursor:
+            record = dict(zip(names, row))
+            record["problem"] = json.loads(record["problem"])
+            record["components"] = json.loads(record["components"])
+            record["logprobs"] = decode_logprobs(record["logprobs"])
+            record["chosen"], record["episode_success"] = bool(record["chosen"]), bool(record["episode_success"])
+            record["system"] = record["system"] or ""
+            yield record
 
     def search(self, text: str, kind: str = "train") -> list[dict[str, Any]]:
         """(step, episode, turn row) of every turn whose observation or a candidate mentions `text`."""

@@ -167,8 +167,19 @@ def test_unreadable_task_files_get_one_line(tmp_path):
         assert result.returncode == 2 and message in result.stderr and time.monotonic() - started < 30
 
 
-def _kill_actor(pattern: str) -> bool:
-    return subprocess.run(["pkill", "-9", "-f", pattern]).returncode == 0
+def _kill_actor(run: subprocess.Popen, name: str) -> bool:
+    """SIGKILL the run's own Ray actor `name` (a descendant of its process; other Ray instances on
+    the machine are left alone)."""
+    import psutil
+
+    for child in psutil.Process(run.pid).children(recursive=True):
+        try:
+            if " ".join(child.cmdline()).startswith(f"ray::{name}"):
+                child.kill()
+                return True
+        except psutil.Error:
+            pass
+    return False
 
 
 def test_a_dead_ray_actor_is_restarted_from_the_last_checkpoint(tmp_path):
@@ -177,7 +188,7 @@ def test_a_dead_ray_actor_is_restarted_from_the_last_checkpoint(tmp_path):
     run_dir = tmp_path / "runs" / "r"
     wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 2,
              timeout=180, what="step 2")
-    assert _kill_actor("ray::RolloutWorker")
+    assert _kill_actor(proc, "RolloutWorker")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     events = RunStore(run_dir / "run.db", create=False).rows("SELECT kind, message FROM events WHERE kind = 'actor_restart'")
@@ -191,7 +202,7 @@ def test_a_dead_ray_actor_without_restarts_left_ends_with_one_line(tmp_path):
     run_dir = tmp_path / "runs" / "r"
     wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 1,
              timeout=180, what="step 1")
-    assert _kill_actor("ray::Learner")
+    assert _kill_actor(proc, "Learner")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
     assert f"the Ray actor Learner died" in err and f"mas-lab run --resume {Path('runs/r')}" in err

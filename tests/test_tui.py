@@ -199,3 +199,59 @@ def test_tui_with_a_task_file_starts_the_run_in_the_background(tmp_path, monkeyp
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_replay_text_is_not_all_bold_and_the_help_screen_lists_every_key(finished):
+    async def go():
+        app = MasLabApp(finished, "replay")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            observation = app.screen.query_one("#observation").render()
+            spans = observation.spans if hasattr(observation, "spans") else []
+            heading = len("observation of first at turn 0:\n")
+            assert spans and all(span.end <= heading for span in spans), "the heading's style leaked into the body"
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert type(app.screen).__name__ == "HelpScreen"
+            help_text = str(app.screen.query_one("#help").render())
+            for key in ("Next zero-std", "Compare", "Search", "Prev step", "Quit", "Keys"):
+                assert key in help_text
+            await pilot.press("escape")
+            assert type(app.screen).__name__ == "ReplayScreen"
+            await pilot.press("e")  # the held-out episodes
+            assert "eval step 0" in text(app, "#where") and "1 candidates" in text(app, "#candidates")
+            await pilot.press("e")
+            assert text(app, "#where").startswith("step 1")
+
+    asyncio.run(go())
+
+
+def test_a_finished_run_offers_no_pause_and_a_failed_run_shows_why(finished, tmp_path):
+    import shutil
+    import sqlite3
+
+    async def commands(app):
+        return [c.title for c in app.get_system_commands(app.screen)]
+
+    async def go(run_dir, check):
+        app = MasLabApp(run_dir, "live")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            await check(app, pilot)
+
+    async def finished_check(app, pilot):
+        titles = await commands(app)
+        assert "Pause run" not in titles and "Resume run" not in titles and "Replay" in titles
+
+    asyncio.run(go(finished, finished_check))
+    failed = tmp_path / "failed"
+    shutil.copytree(finished, failed)
+    with sqlite3.connect(failed / "run.db") as db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('status', '\"failed\"')")
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('error', '\"RunError: the Ray actor Learner died\"')")
+
+    async def failed_check(app, pilot):
+        await until(pilot, lambda: "failed: RunError: the Ray actor Learner died" in text(app, "#run-header"),
+                    what="the failure reason")
+
+    asyncio.run(go(failed, failed_check))

@@ -50,6 +50,7 @@ class GroupsScreen(Screen):
         Binding("a", "cycle_agent", "Agent filter"),
         Binding("t", "cycle_turn", "Turn filter"),
         Binding("s", "cycle_sort", "Sort"),
+        Binding("f", "toggle_follow", "Follow/pin"),
         Binding("v", "app.switch_mode('live')", "Live"),
         Binding("r", "app.switch_mode('replay')", "Replay"),
     ]
@@ -62,6 +63,7 @@ class GroupsScreen(Screen):
         self.turn: int | None = None
         self.sort = "problem_id"
         self.shown: list[GroupStats] = []
+        self.follow = True  # while the run is live, jump to each new step (f pins the one shown)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -78,6 +80,19 @@ class GroupsScreen(Screen):
         aggregate = self.query_one("#aggregate", DataTable)
         aggregate.add_columns("agent", "turn", "groups", "reward mean", "reward std", "zero-std share", "steps")
         self.on_screen_resume()
+        self.set_interval(2.0, self.follow_live)
+
+    def follow_live(self) -> None:
+        if not self.follow or not self.app.control.status()["running"]:
+            return
+        steps = self.app.store.train_steps()
+        if steps != self.steps:
+            self.steps, self.step_index = steps, max(0, len(steps) - 1)
+            self.load()
+
+    def action_toggle_follow(self) -> None:
+        self.follow = not self.follow
+        self.notify("following the newest step" if self.follow else f"pinned to step {self.step}")
 
     def on_screen_resume(self) -> None:
         self.steps = self.app.store.train_steps()

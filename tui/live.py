@@ -88,11 +88,15 @@ class LiveScreen(Screen):
         remaining = (snap.total_steps - step) * snap.mean_step_s if snap.mean_step_s else None
         end = now() if state.get("running") else snap.finished
         elapsed = end - snap.started if snap.started and end else None
-        self.query_one("#run-header", Static).update(
+        header = (
             f"task {snap.task.get('name', '?')}   step {step}/{snap.total_steps}   phase {state.get('phase', '-')}   "
             f"{status}   elapsed {fmt_duration(elapsed)}   eta {fmt_duration(remaining) if state.get('running') else '-'}   "
             f"last checkpoint {state.get('last_checkpoint')}"
         )
+        if state.get("error") or status in ("FAILED", "CRASHED"):
+            reason = state.get("error") or "its process died without recording why; see run.log in the run folder"
+            header += f"\n{status.lower()}: {reason}"
+        self.query_one("#run-header", Static).update(header)
         if self.requested == "pause" and paused or self.requested == "resume" and not paused:
             self.requested = None
         pending = state.get("pending") or []

@@ -17,8 +17,7 @@ from mas_lab.episode_text import candidate_headline
 
 def candidate_text(c: dict, label: str = "") -> Text:
     head = f"{'* ' if c['chosen'] else '  '}{label}candidate {c['idx']}  {candidate_headline(c)}"
-    text = Text(head + "\n", style="bold green" if c["chosen"] else "bold")
-    text.append((c["response"] or "(empty)") + "\n")
+    text = Text.assemble((head + "\n", "bold green" if c["chosen"] else "bold"), (c["response"] or "(empty)") + "\n")
     if c["info"]:
         text.append(f"-> {c['info']}\n", style="dim")
     return text
@@ -64,6 +63,8 @@ class ReplayScreen(Screen):
         Binding("n", "next_zero_std", "Next zero-std"),
         Binding("slash", "search", "Search"),
         Binding("c", "compare", "Compare"),
+        Binding("e", "toggle_kind", "Train/eval"),
+        Binding("f", "toggle_follow", "Follow/pin"),
         Binding("g", "app.switch_mode('groups')", "Groups"),
         Binding("v", "app.switch_mode('live')", "Live"),
     ]
@@ -76,6 +77,8 @@ class ReplayScreen(Screen):
         self.episode_index = 0
         self.episode: dict | None = None
         self.pos = 0  # index into the episode's (turn, agent) rows
+        self.kind = "train"  # or "eval": the held-out episodes
+        self.follow = True  # while the run is live, jump to each new step (f pins the one shown)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -89,15 +92,35 @@ class ReplayScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.steps = self.app.store.train_steps()
+        self.steps = self.app.store.train_steps(self.kind)
         self.load_step(0)
+        self.set_interval(2.0, self.follow_live)
 
     def on_screen_resume(self) -> None:
-        steps = self.app.store.train_steps()
+        steps = self.app.store.train_steps(self.kind)
         if steps != self.steps:
             self.steps = steps
             if self.episode is None:
                 self.load_step(0)
+
+    def follow_live(self) -> None:
+        """While the run is live and not pinned, show the newest step as it lands."""
+        if not self.follow or not self.app.control.status()["running"]:
+            return
+        steps = self.app.store.train_steps(self.kind)
+        if steps != self.steps:
+            self.steps = steps
+            self.load_step(len(steps) - 1)
+
+    def action_toggle_follow(self) -> None:
+        self.follow = not self.follow
+        self.notify("following the newest step" if self.follow else f"pinned to step {self.step}")
+
+    def action_toggle_kind(self) -> None:
+        self.kind = "eval" if self.kind == "train" else "train"
+        self.steps = self.app.store.train_steps(self.kind)
+        self.load_step(0)
+        self.notify(f"{self.kind} episodes")
 
     # --- loading ---------------------------------------------------------------------------------
     @property
@@ -106,15 +129,15 @@ class ReplayScreen(Screen):
 
     def load_step(self, index: int, episode: int = 0, pos: int = 0) -> None:
         if not self.steps:
-            self.query_one("#where", Static).update("no training steps in this run yet")
+            self.query_one("#where", Static).update(f"no {self.kind} steps in this run yet")
             return
         self.step_index = max(0, min(len(self.steps) - 1, index))
-        self.episodes = self.app.store.episode_indices(self.step)
+        self.episodes = self.app.store.episode_indices(self.step, self.kind)
         self.load_episode(min(episode, max(0, len(self.episodes) - 1)), pos)
 
     def load_episode(self, index: int, pos: int = 0) -> None:
         self.episode_index = index
-        self.episode = self.app.store.episode(self.step, self.episodes[index]) if self.episodes else None
+        self.episode = self.app.store.episode(self.step, self.episodes[index], self.kind) if self.episodes else None
         turns = self.query_one("#turns", OptionList)
         turns.clear_options()
         if self.episode:
@@ -129,19 +152,22 @@ class ReplayScreen(Screen):
         row = rows[self.pos]
         problem = json.loads(self.episode["problem"])
         self.query_one("#where", Static).update(
-            f"step {self.step} ({self.step_index + 1}/{len(self.steps)})   episode {self.episode['idx']} "
+            f"{'eval ' if self.kind == 'eval' else ''}step {self.step} ({self.step_index + 1}/{len(self.steps)})   "
+            f"episode {self.episode['idx']} "
             f"({self.episode_index + 1}/{len(self.episodes)}, problem {self.episode['problem_id']})   turn {row['turn']}   "
             f"agent {row['role']} (policy {row['policy']})   success {bool(self.episode['success'])}"
         )
         self.query_one("#turns", OptionList).highlighted = self.pos
-        self.query_one("#observation", Static).update(Text(f"observation of {row['role']} at turn {row['turn']}:\n",
-                                                           style="bold underline") + Text(row["observation"]))
-        text = Text(f"{len(row['candidates'])} candidates\n", style="bold underline")
+        # Text.assemble: a styled heading, then plain text (Text + Text would carry the heading's
+        # style over the whole body)
+        self.query_one("#observation", Static).update(Text.assemble(
+            (f"observation of {row['role']} at turn {row['turn']}:\n", "bold underline"), row["observation"]))
+        text = Text.assemble((f"{len(row['candidates'])} candidates\n", "bold underline"))
         for c in row["candidates"]:
             text.append_text(candidate_text(c))
         self.query_one("#candidates", Static).update(text)
-        self.query_one("#state", Static).update(Text("state after the chosen action:\n", style="bold underline")
-                                                + Text(row["state_after"] or json.dumps(problem)))
+        self.query_one("#state", Static).update(Text.assemble(("state after the chosen action:\n", "bold underline"),
+                                                              row["state_after"] or json.dumps(problem)))
 
     @property
     def current(self) -> dict | None:
@@ -183,6 +209,8 @@ class ReplayScreen(Screen):
         if found is None:
             return
         step, episode = found
+        if self.kind != "train":  # search and zero-std jumps land on training episodes
+            self.kind, self.steps = "train", self.app.store.train_steps()
         self.load_step(self.steps.index(step), self.app.store.episode_indices(step).index(episode))
         self.show(next(i for i, r in enumerate(self.episode["turns"]) if r["id"] == turn_id))
 

@@ -65,6 +65,8 @@ class Candidate:
     state_after: str = ""
     logprobs: list[float] = field(default_factory=list)  # the sampler's, per response token
     temperature: float = 1.0  # the distribution it was sampled from
+    entropy: float | None = None  # mean entropy of that distribution over the response
+    truncated: bool = False  # cut at max_new_tokens
 
     @property
     def key(self) -> GroupKey:

@@ -24,6 +24,8 @@ class Generation:
     response_ids: list[int]
     text: str
     logprobs: list[float] = field(default_factory=list)
+    entropy: float | None = None  # mean entropy of the sampled distribution over its tokens
+    truncated: bool = False  # cut at max_new_tokens before any stop token
 
 
 def set_threads(threads: int) -> None:
@@ -46,15 +48,19 @@ def stop_ids(tokenizer, model) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def sampled_logprobs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[rows, steps] log-probabilities of the sampled tokens under softmax(logits / temperature):
-    the distribution the learner differentiates (top-p truncation is not renormalised in, as in
-    TRL and verl). `logits` are generate's raw per-step logits."""
-    out = torch.empty(tokens.shape, dtype=torch.float32)
+def sampled_logprobs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor,
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, steps] log-probabilities of the sampled tokens under softmax(logits / temperature)
+    (the distribution the learner differentiates; top-p truncation is not renormalised in, as in
+    TRL and verl), and the entropy of that distribution at each step. `logits` are generate's raw
+    per-step logits."""
+    logprobs = torch.empty(tokens.shape, dtype=torch.float32)
+    entropy = torch.empty(tokens.shape, dtype=torch.float32)
     for step, step_logits in enumerate(logits):
-        scaled = step_logits.float() / temperature
-        out[:, step] = scaled.gather(-1, tokens[:, step : step + 1]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    return out
+        log_p = torch.log_softmax(step_logits.float() / temperature, dim=-1)
+        logprobs[:, step] = log_p.gather(-1, tokens[:, step : step + 1]).squeeze(-1)
+        entropy[:, step] = -(log_p.exp() * log_p).sum(-1)
+    return logprobs, entropy
 
 
 class HFEngine:
@@ -115,7 +121,8 @@ class HFEngine:
             output_logits=not greedy,
         )
         sequences = output.sequences
-        logprobs = None if greedy else sampled_logprobs(output.logits, sequences[:, width:], sampling.temperature)
+        logprobs, entropy = (None, None) if greedy else sampled_logprobs(output.logits, sequences[:, width:],
+                                                                          sampling.temperature)
         results: list[list[Generation]] = []
         for p, ids in enumerate(encoded):
             row = []
@@ -123,7 +130,10 @@ class HFEngine:
                 response = self._cut(sequences[p * n + c, width:].tolist())
                 text = self.tokenizer.decode(response, skip_special_tokens=True)
                 lp = logprobs[p * n + c, : len(response)].tolist() if logprobs is not None else []
-                row.append(Generation(prompt_ids=ids, response_ids=response, text=text, logprobs=lp))
+                h = float(entropy[p * n + c, : len(response)].mean()) if entropy is not None and response else None
+                truncated = len(response) >= sampling.max_new_tokens and response[-1] not in self.eos_ids
+                row.append(Generation(prompt_ids=ids, response_ids=response, text=text, logprobs=lp, entropy=h,
+                                      truncated=truncated))
             results.append(row)
         self.stats["generated_tokens"] += sum(len(g.response_ids) for row in results for g in row)
         self.stats["generate_s"] += time.perf_counter() - started

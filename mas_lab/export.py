@@ -1,0 +1,129 @@
+"""Getting data and policies out of a run, in the formats the field's tools read.
+
+- `export_records`: one record per candidate (or per chosen action) with problem, role, turn, the
+  chat messages the policy saw and its response, reward and components, advantage, the chosen
+  flag, the sampler's log-probs, step and policy: ready for SFT (`messages`), rejection sampling
+  (`reward`, `chosen`) or analysis. JSON lines or Parquet; `datasets.load_dataset("json" or
+  "parquet", data_files=PATH)` loads either.
+- `export_policy`: a Hugging Face model folder (config, tokenizer, safetensors) from a checkpoint:
+  a full policy as it is; a LoRA policy merged into its base, or kept as a peft adapter folder.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from mas_lab.store import RunStore
+
+FORMATS = ("jsonl", "parquet")
+
+
+class ExportError(Exception):
+    """An export that cannot be made; the message says why."""
+
+
+def records(store: RunStore, kind: str = "train", steps: tuple[int | None, int | None] = (None, None),
+            chosen_only: bool = False) -> Iterator[dict]:
+    """The store's candidates as export records (streamed)."""
+    for r in store.candidate_records(kind, steps[0], steps[1], chosen_only):
+        messages = ([{"role": "system", "content": r["system"]}] if r["system"] else []) + [
+            {"role": "user", "content": r["observation"]}, {"role": "assistant", "content": r["response"] or ""}]
+        yield {**r, "messages": messages}
+
+
+def export_records(run_dir: Path, output: Path, fmt: str = "jsonl", kind: str = "train",
+                   steps: tuple[int | None, int | None] = (None, None), chosen_only: bool = False) -> int:
+    """Write the records of a run to `output`; returns how many were written."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format '{fmt}'; allowed: {list(FORMATS)}")
+    store = RunStore(Path(run_dir) / "run.db", create=False)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    rows = records(store, kind, steps, chosen_only)
+    count = 0
+    try:
+        if fmt == "jsonl":
+            with open(output, "w") as handle:
+                for count, record in enumerate(rows, 1):
+                    handle.write(json.dumps(record) + "\n")
+            return count
+        return _parquet(rows, output)
+    finally:
+        store.close()
+
+
+def _schema():
+    import pyarrow as pa
+
+    text, integer, real = pa.string(), pa.int64(), pa.float64()
+    return pa.schema([
+        ("step", integer), ("kind", text), ("episode", integer), ("problem_id", text), ("problem", text),
+        ("episode_success", pa.bool_()), ("turn", integer), ("role", text), ("policy", text), ("system", text),
+        ("observation", text), ("candidate", integer), ("response", text), ("prompt_tokens", integer),
+        ("response_tokens", integer), ("reward", real), ("team", real), ("local", real), ("components", text),
+        ("advantage", real), ("chosen", pa.bool_()), ("info", text), ("logprobs", pa.list_(pa.float32())),
+        ("messages", pa.list_(pa.struct([("role", text), ("content", text)]))),
+    ])
+
+
+def _parquet(rows: Iterator[dict], output: Path, batch: int = 5000) -> int:
+    """Parquet in row groups of `batch` records; problem and components (dicts whose keys vary by
+    task) are JSON text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema, count, chunk = _schema(), 0, []
+    with pq.ParquetWriter(output, schema) as writer:
+        for record in rows:
+            chunk.append({**record, "problem": json.dumps(record["problem"]), "components": json.dumps(record["components"])})
+            if len(chunk) == batch:
+                writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
+                count, chunk = count + len(chunk), []
+        if chunk:
+            writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
+            count += len(chunk)
+    return count
+
+
+def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = True) -> Path:
+    """A Hugging Face folder of one policy of a checkpoint (or of a folder of saved policies)."""
+    from mas_lab.config import TaskConfig
+    from mas_lab.models import resolve
+
+    state_file = checkpoint / "state.json"
+    folder = checkpoint / "policies" / policy
+    if not state_file.is_file() or not folder.is_dir():
+        found = sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []
+        raise ExportError(f"{checkpoint}: no checkpoint of policy '{policy}' (policies here: {found})")
+    task = TaskConfig.model_validate(json.loads(state_file.read_text())["task"])
+    spec = task.policies[policy]
+    base = Path(resolve(spec.model))
+    output.mkdir(parents=True, exist_ok=True)
+    if spec.lora is None:
+        for item in base.iterdir():  # config, generation config, tokenizer
+            if item.is_file() and not item.name.endswith((".safetensors", ".bin")) and not item.name.startswith("."):
+                shutil.copy2(item, output / item.name)
+        shutil.copy2(folder / "model.safetensors", output / "model.safetensors")
+        return output
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mas_lab import lora
+
+    model = lora.attach(AutoModelForCausalLM.from_pretrained(base), {policy: spec.lora})
+    lora.load_adapter_state(model, policy, load_file(str(folder / "adapter.safetensors")))
+    AutoTokenizer.from_pretrained(base).save_pretrained(output)
+    if merge:
+        model.merge_and_unload().save_pretrained(output)
+    else:
+        model.save_pretrained(output, selected_adapters=[policy])
+        nested = output / policy  # peft writes a non-default adapter into a subfolder of its name
+        if nested.is_dir():
+            for item in nested.iterdir():
+                shutil.move(str(item), output / item.name)
+            nested.rmdir()
+        config = json.loads((output / "adapter_config.json").read_text())
+        config["base_model_name_or_path"] = str(base)
+        (output / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    return output

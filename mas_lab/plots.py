@@ -1,0 +1,72 @@
+"""Charts of a run as PNG files (matplotlib), for papers and notes: `mas-lab plot RUN_DIR`.
+
+Every chart has the training step on its x-axis and comes from the run store alone: held-out
+success with its 95% interval at the steps it was evaluated, mean reward per role and per
+(agent, turn), team reward, the zero-std share of groups, and per policy loss, gradient norm,
+clip fraction, entropy and the rollout/training mismatch, then the step time split.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mas_lab.store import RunStore
+
+PANELS = {
+    "success": ("held-out success (95% interval)", ["eval/success_rate"]),
+    "reward_per_role": ("mean reward per role", ["reward/"]),
+    "reward_per_agent_turn": ("mean reward per (agent, turn)", ["reward/*/t"]),
+    "team": ("team reward and zero-std share of groups", ["team_reward", "zero_std_frac"]),
+    "learner": ("loss, grad norm, clip fraction per policy", ["loss/", "grad_norm/", "clip_frac/"]),
+    "sampling": ("entropy, response length, rollout/training mismatch per policy",
+                 ["entropy/", "response_len/", "mismatch_abs/"]),
+    "time": ("step time split (s)", ["time/rollout", "time/reward", "time/learner", "time/weight_sync", "time/other"]),
+}
+
+
+def _matches(key: str, pattern: str) -> bool:
+    if pattern == "reward/":
+        return key.startswith("reward/") and key.count("/") == 1 and key != "reward/mean"
+    if pattern == "reward/*/t":
+        return key.startswith("reward/") and key.count("/") == 2
+    return key.startswith(pattern) if pattern.endswith("/") else key == pattern
+
+
+def plot_run(run_dir: Path, output: Path) -> list[Path]:
+    """Write one PNG per panel that has data into `output`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    store = RunStore(Path(run_dir) / "run.db", create=False)
+    keys = store.metric_keys()
+    name = (store.meta().get("task") or {}).get("name", Path(run_dir).name)
+    output.mkdir(parents=True, exist_ok=True)
+    written = []
+    for panel, (title, patterns) in PANELS.items():
+        chosen = [k for k in keys if any(_matches(k, p) for p in patterns)]
+        if not chosen:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+        for key in chosen:
+            points = store.series(key)
+            steps, values = [s for s, _ in points], [v for _, v in points]
+            if panel == "success":
+                low = dict(store.series("eval/success_ci_low"))
+                high = dict(store.series("eval/success_ci_high"))
+                errors = [[v - low.get(s, v) for s, v in points], [high.get(s, v) - v for s, v in points]]
+                ax.errorbar(steps, values, yerr=errors, marker="o", capsize=4, label="greedy eval")
+                ax.set_ylim(-0.02, 1.02)
+            else:
+                ax.plot(steps, values, marker="." if len(steps) < 60 else None, label=key)
+        ax.set_xlabel("training step")
+        ax.set_title(f"{name}: {title}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        path = output / f"{panel}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    store.close()
+    return written

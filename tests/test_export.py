@@ -1,0 +1,108 @@
+"""Export: records that datasets-style readers load, and policies that from_pretrained loads."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mas_lab.store import RunStore
+
+from conftest import ROOT
+
+MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
+
+
+def cli(*args, cwd):
+    proc = subprocess.run([MAS_LAB, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("export")
+    out = {}
+    for task in ("toy.yaml", "toy_lora.yaml"):
+        proc = cli("run", ROOT / "tasks" / task, "--no-ray", "--set", "train.steps=2", "--set", "resources.torch_threads=1",
+                   cwd=cwd)
+        out[task] = cwd / json.loads(proc.stdout.splitlines()[-1])["run_dir"]
+    return cwd, out
+
+
+def test_jsonl_and_parquet_hold_every_candidate_with_its_messages_and_logprobs(runs):
+    import pyarrow.parquet as pq
+
+    cwd, found = runs
+    run_dir = found["toy.yaml"]
+    store = RunStore(run_dir / "run.db", create=False)
+    total = store.rows("SELECT COUNT(*) AS n FROM candidates c JOIN turns t ON c.turn_id = t.id JOIN episodes e"
+                       " ON t.episode_id = e.id WHERE e.kind = 'train'")[0]["n"]
+    cli("export", run_dir, "-o", cwd / "all.jsonl", cwd=cwd)
+    rows = [json.loads(line) for line in (cwd / "all.jsonl").read_text().splitlines()]
+    assert len(rows) == total > 0
+    for r in rows:
+        assert r["messages"][-1] == {"role": "assistant", "content": r["response"]}
+        assert r["messages"][-2]["content"] == r["observation"] and len(r["logprobs"]) == r["response_tokens"]
+        assert {"step", "role", "turn", "reward", "team", "local", "components", "advantage", "chosen", "policy"} <= set(r)
+    cli("export", run_dir, "-o", cwd / "late.parquet", "--format", "parquet", "--steps", "2:", cwd=cwd)
+    table = pq.read_table(cwd / "late.parquet").to_pylist()
+    assert len(table) == sum(r["step"] >= 2 for r in rows) and {r["step"] for r in table} == {2}
+    assert table[0]["messages"][-1]["role"] == "assistant" and json.loads(table[0]["components"])
+    cli("export", run_dir, "-o", cwd / "eval.jsonl", "--kind", "eval", "--chosen-only", cwd=cwd)
+    chosen = [json.loads(line) for line in (cwd / "eval.jsonl").read_text().splitlines()]
+    turns = store.rows("SELECT COUNT(*) AS n FROM turns t JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'eval'")
+    assert len(chosen) == turns[0]["n"] and all(r["chosen"] and r["kind"] == "eval" for r in chosen)
+
+
+def test_a_full_policy_exports_as_a_folder_from_pretrained_loads(runs):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cwd, found = runs
+    checkpoint = sorted((found["toy.yaml"] / "checkpoints").glob("step-*"))[-1]
+    cli("export-policy", checkpoint, "shared", cwd / "full", cwd=cwd)
+    model = AutoModelForCausalLM.from_pretrained(cwd / "full")
+    AutoTokenizer.from_pretrained(cwd / "full")
+    saved = load_file(str(checkpoint / "policies" / "shared" / "model.safetensors"))
+    state = model.state_dict()
+    assert saved and all(torch.equal(state[k], v) for k, v in saved.items())
+
+
+def test_a_lora_policy_exports_merged_or_as_an_adapter_with_the_same_outputs(runs):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from mas_lab.models import resolve
+
+    cwd, found = runs
+    checkpoint = sorted((found["toy_lora.yaml"] / "checkpoints").glob("step-*"))[-1]
+    cli("export-policy", checkpoint, "first", cwd / "merged", cwd=cwd)
+    cli("export-policy", checkpoint, "first", cwd / "adapter", "--adapter", cwd=cwd)
+    merged = AutoModelForCausalLM.from_pretrained(cwd / "merged").eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(resolve("tiny-test")), cwd / "adapter").eval()
+    ids = torch.tensor([[2, 10, 20, 30, 40, 3]])
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(resolve("tiny-test")).eval()
+    with torch.no_grad():
+        assert not torch.allclose(base(ids).logits, merged(ids).logits, atol=1e-5)  # training moved it
+
+
+def test_a_missing_policy_says_which_there_are(runs, tmp_path):
+    cwd, found = runs
+    checkpoint = sorted((found["toy_lora.yaml"] / "checkpoints").glob("step-*"))[-1]
+    proc = subprocess.run([MAS_LAB, "export-policy", str(checkpoint), "shared", str(tmp_path / "x")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "['first', 'second']" in proc.stderr
+
+
+def test_plot_writes_a_png_per_chart(runs):
+    cwd, found = runs
+    out = cli("plot", found["toy.yaml"], "-o", cwd / "plots", cwd=cwd).stdout.split()
+    names = {Path(p).stem for p in out}
+    assert {"success", "reward_per_role", "reward_per_agent_turn", "team", "learner", "sampling", "time"} <= names
+    for path in out:
+        data = Path(cwd / path if not Path(path).is_absolute() else path).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
