@@ -37,6 +37,8 @@ class Role(_Strict):
     policy: str = Field("shared", description="key into `policies`: the role -> policy map sigma")
     alpha: float = Field(1.0, ge=0.0, description="weight of the team reward: r = alpha * team + local (paper Eq. 4)")
     sampling: Sampling = Field(default_factory=Sampling, description="how this role samples its K candidates")
+    system_prompt: Optional[str] = Field(None, description="replaces the environment's system prompt for this role "
+                                         "(prompt wording is a dimension of the learning sweeps)")
 
 
 class Lora(_Strict):

@@ -70,6 +70,14 @@ class Timing:
 _SCORING_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="score")
 
 
+def with_system(messages: list[dict[str, str]], system: str | None) -> list[dict[str, str]]:
+    """The messages with the role's own system prompt from the task file, when it sets one."""
+    if system is None:
+        return messages
+    rest = messages[1:] if messages and messages[0]["role"] == "system" else messages
+    return [{"role": "system", "content": system}, *rest]
+
+
 def call_seed(seed: int, *parts: object) -> int:
     """A deterministic per-call sampling seed from the step seed and the call's coordinates."""
     return zlib.crc32(repr((seed, parts)).encode()) & 0x7FFFFFFF
@@ -135,7 +143,7 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
     clone of the state. Records the AgentTurn; yields (episode, chosen branch, chosen action)."""
     spec = task.role(role)
     sampling = spec.sampling.model_copy(update={"temperature": 0.0}) if greedy else spec.sampling
-    prompts = [e.env.messages(role, turn) for e in live]
+    prompts = [with_system(e.env.messages(role, turn), spec.system_prompt) for e in live]
     started = time.perf_counter()
     generations = generate(spec.policy, prompts, k, sampling, call_seed(seed, turn, agent_index))
     timing.generate_s += time.perf_counter() - started

@@ -124,3 +124,14 @@ def test_distinct_problems_per_step_even_when_the_generator_repeats(tmp_path):
     controller = Controller(task, FakeBackend(FakeEngine()), RunStore(tmp_path / "run.db"))
     result = controller.train_step(1)
     assert len({e.problem.id for e in result.episodes}) == 6
+
+
+def test_a_roles_system_prompt_from_the_task_file_replaces_the_environments(tmp_path):
+    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ["roles.1.system_prompt=\"Answer with Moves: only.\""])
+    engine = FakeEngine()
+    controller = Controller(task, FakeBackend(engine), RunStore(tmp_path / "run.db"))
+    controller.train_step(1)
+    by_policy_call = [call["prompts"][0] for call in engine.calls]
+    tool, planner = by_policy_call[0], by_policy_call[1]
+    assert planner[0] == {"role": "system", "content": "Answer with Moves: only."}
+    assert tool[0]["role"] == "system" and "tool agent" in tool[0]["content"]
