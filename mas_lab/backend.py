@@ -43,6 +43,21 @@ class PolicyBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
+def check_cluster(address: str, timeout_s: float) -> str | None:
+    """None when the head of a Ray cluster answers at host:port within `timeout_s`, else a
+    sentence saying what failed (ray.init would retry for a long time instead)."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return f"'{address}' is not host:port (the address `ray start --head` prints)"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"no Ray cluster answers at {address} within {timeout_s:g} s ({exc.strerror or exc})"
+
+
 def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
     """Join `address`, or start a local Ray instance. Locally the logical CPUs are at least what
     the actors ask for: rollout and learner phases alternate, so sharing cores is intended (with
@@ -54,6 +69,9 @@ def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if address:
+        # Ray 2.60 clusters started with `ray start` use token auth; the client must ask for it
+        # to read the cluster's token (~/.ray), or every call fails with InvalidAuthToken.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     else:
         cpus = max(os.cpu_count() or 1, int(-(-cpus_needed // 1)))

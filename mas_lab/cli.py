@@ -171,7 +171,7 @@ def replay(
     if not text:
         from tui.app import MasLabApp
 
-        MasLabApp(run_dir, "replay").run()
+        MasLabApp(run_dir, "replay", {"kind": kind.value, "step": step, "episode": episode}).run()
         return
     sys.stdout.write(format_episode(record))
 

@@ -119,7 +119,9 @@ class Train(_Strict):
 class Resources(_Strict):
     """Where the actors run. Without `ray_address` a local Ray instance is started."""
 
-    ray_address: Optional[str] = Field(None, description="join this Ray cluster instead of starting a local one")
+    ray_address: Optional[str] = Field(None, description="join this Ray cluster (host:port of its head, as `ray start "
+                                       "--head` prints) instead of starting a local one")
+    connect_timeout_s: float = Field(10.0, gt=0.0, description="how long to try to reach `ray_address` before failing")
     rollout_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker")
     learner_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per learner")
     torch_threads: int = Field(0, ge=0, description="threads per actor; 0 means every core of the machine")

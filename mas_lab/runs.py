@@ -70,6 +70,7 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
     """A run folder (locked by this process for its life) with the resolved task.yaml, a fresh
     store and a new MLflow run. The tracking URI is recorded absolute, so a resume from another
     working folder finds the same MLflow store. If any of it fails, the folder is removed again."""
+    _check_cluster(task)  # before anything is created: a wrong address leaves nothing behind
     created = run_dir is None or not run_dir.exists()
     run_dir = new_run_dir(task, run_dir)
     if not acquire_lock(run_dir):
@@ -140,6 +141,7 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
         if a != b:
             raise RunError(f"{source}: does not match the checkpoint {last}: field '{key}' was {json.dumps(a)}, "
                            f"now {json.dumps(b)}")
+    _check_cluster(task)
     expected, held = saved.get("store"), reader.digest(saved["step"])
     if expected is not None and expected != held:
         missing = sorted(set(expected["steps"]) - set(held["steps"]))
@@ -169,6 +171,15 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
         for key, value in changed.items():
             tracker.set_tag(f"mas_lab.resumed.{key}", f"{old.get(key)} -> {value}"[:5000])
     return Run(task, run_dir, store, tracker, resume_from=last)
+
+
+def _check_cluster(task: TaskConfig) -> None:
+    if task.resources.ray_address:
+        from mas_lab.backend import check_cluster
+
+        problem = check_cluster(task.resources.ray_address, task.resources.connect_timeout_s)
+        if problem:
+            raise RunError(f"resources.ray_address: {problem}")
 
 
 def _get(data: dict, dotted: str):

@@ -83,3 +83,12 @@ def test_eval_of_a_missing_checkpoint_says_so(tmp_path):
     result = cli("eval", TOY, "--checkpoint", tmp_path / "nope", "--no-ray", cwd=tmp_path)
     assert result.returncode == 2 and "no such checkpoint folder" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_wrong_cluster_address_fails_fast_and_leaves_nothing(tmp_path):
+    started = time.monotonic()
+    result = cli("run", TOY, "--address", "127.0.0.1:1", "--set", "resources.connect_timeout_s=2", cwd=tmp_path)
+    assert result.returncode == 2 and "no Ray cluster answers at 127.0.0.1:1" in result.stderr
+    assert time.monotonic() - started < 60 and not (tmp_path / "runs").exists() and not (tmp_path / "mlruns.db").exists()
+    bad = cli("run", TOY, "--address", "nonsense", cwd=tmp_path)
+    assert bad.returncode == 2 and "is not host:port" in bad.stderr

@@ -255,3 +255,13 @@ def test_a_finished_run_offers_no_pause_and_a_failed_run_shows_why(finished, tmp
                     what="the failure reason")
 
     asyncio.run(go(failed, failed_check))
+
+
+def test_replay_opens_where_the_command_line_says(finished):
+    async def go():
+        app = MasLabApp(finished, "replay", {"kind": "train", "step": 2, "episode": 3})
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert "step 2 (2/3)" in text(app, "#where") and "episode 3 (4/4" in text(app, "#where")
+
+    asyncio.run(go())

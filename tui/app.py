@@ -40,8 +40,10 @@ class MasLabApp(App):
     MODES = {"live": LiveScreen, "groups": GroupsScreen, "replay": ReplayScreen}
     BINDINGS = [Binding("q", "quit", "Quit"), Binding("question_mark", "help", "Keys")]
 
-    def __init__(self, run_dir: Path, start_mode: str = "replay") -> None:
+    def __init__(self, run_dir: Path, start_mode: str = "replay", replay_at: dict | None = None) -> None:
+        """`replay_at`: where the replay screen opens, {"kind", "step", "episode"} (replay --step ...)."""
         super().__init__()
+        self.replay_at = replay_at or {}
         self.run_dir = Path(run_dir)
         self.store = RunStore(self.run_dir / "run.db", create=False)
         self.control = RunControl(self.store)

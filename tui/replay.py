@@ -92,8 +92,13 @@ class ReplayScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        at = getattr(self.app, "replay_at", {})
+        self.kind = at.get("kind") or self.kind
         self.steps = self.app.store.train_steps(self.kind)
-        self.load_step(0)
+        step = at.get("step")
+        self.load_step(self.steps.index(step) if step in self.steps else 0)
+        if at.get("episode") in self.episodes:
+            self.load_episode(self.episodes.index(at["episode"]))
         self.set_interval(2.0, self.follow_live)
 
     def on_screen_resume(self) -> None:
