@@ -13,6 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+def wait_for(predicate, timeout=120, what="condition", interval=0.02):
+    """Poll `predicate` until it returns something truthy (returned), or fail after `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 @pytest.fixture
 def toy_task():
     from mas_lab.config import load_task

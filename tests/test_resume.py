@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from mas_lab.control import RunControl
 from mas_lab.store import RunStore
 
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TOY = str(ROOT / "tasks" / "toy.yaml")
@@ -31,16 +31,6 @@ def cli(*args, cwd, timeout=300):
 
 def start(*args, cwd):
     return subprocess.Popen([MAS_LAB, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(predicate, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run_dir_of(cwd: Path) -> Path:

@@ -14,7 +14,7 @@ import pytest
 from mas_lab.control import RunControl
 from mas_lab.store import RunStore
 
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TOY = str(ROOT / "tasks" / "toy.yaml")
@@ -29,16 +29,6 @@ def status(run_dir: Path, cwd: Path) -> dict:
     proc = cli("status", run_dir, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
-
-
-def wait_for(predicate, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def finished_run(cwd: Path, steps: int = 4) -> Path:
@@ -205,5 +195,5 @@ def test_a_dead_ray_actor_without_restarts_left_ends_with_one_line(tmp_path):
     assert _kill_actor(proc, "Learner")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
-    assert f"the Ray actor Learner died" in err and f"mas-lab run --resume {Path('runs/r')}" in err
+    assert "the Ray actor Learner died" in err and f"mas-lab run --resume {Path('runs/r')}" in err
     assert status(run_dir, tmp_path)["status"] == "failed"

@@ -13,7 +13,6 @@ default [math500, gsm8k]); any local JSONL with `problem` and `answer` fields.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from pydantic import Field
