@@ -211,6 +211,7 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
         while True:
             try:
                 tell(ProgressEvent("starting actors and loading models", 0))
+                backend = None
                 backend = Backend(run.task, use_ray=use_ray)
                 controller = Controller(run.task, backend, run.store, run.tracker, run.run_dir)
                 if run.resume_from is not None:
@@ -224,7 +225,8 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
                 died = _dead_actor(exc)
                 if died is None:
                     raise
-                backend.shutdown()
+                if backend is not None:  # None when the actors died while starting
+                    backend.shutdown()
                 backend = None
                 if restarts >= run.task.resources.actor_restarts:
                     raise RunError(f"{died} died ({restarts} restarts allowed by resources.actor_restarts, "
