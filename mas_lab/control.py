@@ -61,8 +61,9 @@ class RunControl:
         state = dict(meta.get("state") or {})
         state["status"] = meta.get("status", "unknown")
         state["error"] = meta.get("error")
-        state["running"] = lock_held(self.store.path.parent) and state["status"] == "running"
-        if state["status"] in ("running", "starting") and not lock_held(self.store.path.parent):
+        alive = lock_held(self.store.path.parent)
+        state["running"] = alive and state["status"] == "running"
+        if state["status"] in ("running", "starting") and not alive:
             state["status"] = "crashed"  # its process died without recording how it ended
         state["pending"] = self.store.pending_controls()
         return state

@@ -172,12 +172,19 @@ def _kill_actor(run: subprocess.Popen, name: str) -> bool:
     return False
 
 
-def test_a_dead_ray_actor_is_restarted_from_the_last_checkpoint(tmp_path):
-    proc = subprocess.Popen([MAS_LAB, "run", TOY, "--set", "train.steps=8", "--set", "checkpoint.every=1",
-                             "--run-dir", "runs/r"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _ray_run_at_step(tmp_path: Path, step: int, *sets: str) -> tuple[subprocess.Popen, Path]:
+    """A toy run on a local Ray instance, returned once it has finished `step`."""
+    args = [a for item in sets for a in ("--set", item)]
+    proc = subprocess.Popen([MAS_LAB, "run", TOY, *args, "--run-dir", "runs/r"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "runs" / "r"
-    wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 2,
-             timeout=180, what="step 2")
+    wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= step,
+             timeout=180, what=f"step {step}")
+    return proc, run_dir
+
+
+def test_a_dead_ray_actor_is_restarted_from_the_last_checkpoint(tmp_path):
+    proc, run_dir = _ray_run_at_step(tmp_path, 2, "train.steps=8", "checkpoint.every=1")
     assert _kill_actor(proc, "RolloutWorker")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
@@ -187,11 +194,7 @@ def test_a_dead_ray_actor_is_restarted_from_the_last_checkpoint(tmp_path):
 
 
 def test_a_dead_ray_actor_without_restarts_left_ends_with_one_line(tmp_path):
-    proc = subprocess.Popen([MAS_LAB, "run", TOY, "--set", "train.steps=50", "--set", "resources.actor_restarts=0",
-                             "--run-dir", "runs/r"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    run_dir = tmp_path / "runs" / "r"
-    wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 1,
-             timeout=180, what="step 1")
+    proc, run_dir = _ray_run_at_step(tmp_path, 1, "train.steps=50", "resources.actor_restarts=0")
     assert _kill_actor(proc, "Learner")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
