@@ -86,6 +86,9 @@ class Algorithm(_Strict):
     grad_clip: float = Field(1.0, gt=0.0, description="gradient norm clip per policy")
     epochs: int = Field(1, ge=1, description="passes over a step's samples (1: logp_old = logp.detach())")
     micro_batch: int = Field(8, ge=1, description="samples per forward/backward (memory only; the loss is the same)")
+    kl_probe: int = Field(8, ge=0, description="samples of the first step kept with their log-probs under the "
+                          "initial policy; every later step estimates KL(initial || current) on them (k3 estimator, "
+                          "no reference model in memory); 0 turns the estimate off")
     filter: Literal["none", "zero_std"] = Field(
         "none", description="zero_std drops groups whose rewards are all equal (DAPO's dynamic sampling filter, "
         "without resampling); the drops are counted")

@@ -165,7 +165,8 @@ class Controller:
         metrics["filtered_groups"] = report.dropped_groups
         metrics["filtered_samples"] = report.dropped_samples
         for name, update in updates.items():
-            for key in ("loss", "clip_frac", "grad_norm", "samples", "tokens", "mismatch_abs", "mismatch_kl"):
+            for key in ("loss", "clip_frac", "grad_norm", "samples", "tokens", "mismatch_abs", "mismatch_kl",
+                        "ratio_mean", "ratio_min", "ratio_max", "kl_initial"):
                 if key in update:
                     metrics[f"{key}/{name}"] = update[key]
         total = time.perf_counter() - started

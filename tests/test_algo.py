@@ -58,7 +58,7 @@ def test_loss_equals_minus_token_mean_advantage_when_ratio_is_one():
     adv = torch.tensor([2.0, -1.0])
     loss, stats = clipped_policy_loss(logp, logp.detach(), adv, mask)
     assert float(loss.detach()) == pytest.approx(-(2 + 2 - 1) / 3)
-    assert stats == {"clipped_tokens": 0.0, "tokens": 3.0}
+    assert stats == {"clipped_tokens": 0.0, "tokens": 3.0, "ratio_sum": 3.0, "ratio_min": 1.0, "ratio_max": 1.0}
     loss.backward()
     # d loss / d logp = -A / tokens on response tokens, 0 on masked tokens
     assert torch.allclose(logp.grad, torch.tensor([[-2 / 3, -2 / 3, 0.0], [1 / 3, 0.0, 0.0]]))

@@ -70,3 +70,32 @@ def test_every_end_of_turn_token_stops_generation():
             eos_token_id = [2, 7]
 
     assert stop_ids(Tokenizer(), Model()) == {0, 2, 7}
+
+
+def test_kl_to_the_initial_policy_starts_at_zero_grows_and_survives_a_checkpoint(tmp_path):
+    generations, learner = sampled(0.7, 0.9)
+    learner.algo = Algorithm(lr=1e-2, kl_probe=4)
+    learner.optimizers["shared"].param_groups[0]["lr"] = 1e-2
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
+               for i, g in enumerate(generations)]
+    first = learner.update({"shared": samples})["shared"]
+    assert first["kl_initial"] == 0.0  # the probe is taken before the first update
+    assert first["ratio_mean"] == 1.0 and first["ratio_min"] == first["ratio_max"] == 1.0  # one epoch: on-policy
+    second = learner.update({"shared": samples})["shared"]
+    assert second["kl_initial"] > 1e-4
+    learner.save("shared", str(tmp_path / "ckpt"))
+    again = Learner(resolve("tiny-test"), Algorithm(lr=1e-2, kl_probe=4), threads=1)
+    again.load("shared", str(tmp_path / "ckpt"))
+    assert again._kl_to_initial("shared", samples) == learner._kl_to_initial("shared", samples)
+    assert again._kl_to_initial("shared", samples) > 1e-4  # measured against the restored initial policy
+    off = Learner(resolve("tiny-test"), Algorithm(kl_probe=0), threads=1)
+    assert "kl_initial" not in off.update({"shared": samples})["shared"]
+
+
+def test_ratio_statistics_with_several_epochs():
+    generations, learner = sampled(0.7, 0.9)
+    learner.algo = Algorithm(lr=1e-2, epochs=2)
+    learner.optimizers["shared"].param_groups[0]["lr"] = 1e-2
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7) for i, g in enumerate(generations)]
+    out = learner.update({"shared": samples})["shared"]
+    assert out["ratio_min"] < 1.0 < out["ratio_max"]  # the second epoch sees the moved policy

@@ -46,5 +46,9 @@ def clipped_policy_loss(
         raise ValueError(f"unknown loss aggregation '{agg}'")
     with torch.no_grad():
         was_clipped = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)).to(logp.dtype) * mask
-        stats = {"clipped_tokens": float(was_clipped.sum()), "tokens": float(mask.sum())}
+        stats = {"clipped_tokens": float(was_clipped.sum()), "tokens": float(mask.sum()),
+                 "ratio_sum": float((ratio * mask).sum())}
+        if mask.any():
+            picked = ratio[mask.bool()]
+            stats["ratio_min"], stats["ratio_max"] = float(picked.min()), float(picked.max())
     return loss, stats

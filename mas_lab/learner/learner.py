@@ -56,6 +56,8 @@ class Learner:
             for name, group in params.items()
         }
         self.params = params
+        # policy -> (probe samples, their log-probs under the initial policy): KL to the initial policy
+        self.reference: dict[str, tuple[list[Sample], list[torch.Tensor]]] = {}
         for name, folder in (init_from or {}).items():
             self.load(name, folder, optimizer=False)
         self.version = 0
@@ -122,7 +124,9 @@ class Learner:
         if algo.epochs > 1:
             with torch.no_grad():
                 old = [self._logp(ids, att, mask, temp) for ids, att, mask, _, temp, _ in micro]
+        kl_initial = self._kl_to_initial(name, samples)
         total_loss, clipped, grad_norm = 0.0, 0.0, 0.0
+        ratio_sum, ratio_min, ratio_max = 0.0, math.inf, -math.inf
         for epoch in range(algo.epochs):
             optimizer.zero_grad(set_to_none=True)
             epoch_loss = 0.0
@@ -138,6 +142,9 @@ class Learner:
                 loss.backward()
                 epoch_loss += float(loss.detach())
                 clipped += stats["clipped_tokens"]
+                ratio_sum += stats["ratio_sum"]
+                ratio_min = min(ratio_min, stats.get("ratio_min", math.inf))
+                ratio_max = max(ratio_max, stats.get("ratio_max", -math.inf))
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo.grad_clip))
             if math.isfinite(grad_norm):
                 optimizer.step()
@@ -150,7 +157,33 @@ class Learner:
             "tokens": tokens,
             "learner_s": time.perf_counter() - started,
             **mismatch.metrics(),
+            **({"ratio_mean": ratio_sum / (tokens * algo.epochs), "ratio_min": ratio_min, "ratio_max": ratio_max}
+               if tokens else {}),
+            **({"kl_initial": kl_initial} if kl_initial is not None else {}),
         }
+
+    @torch.no_grad()
+    def _kl_to_initial(self, name: str, samples: list[Sample]) -> float | None:
+        """KL(initial || current) of policy `name`, estimated on a fixed probe: the first
+        `kl_probe` samples this learner ever trained on (drawn from the initial policy), whose
+        log-probs under the initial policy were kept. k3 estimator per token, r = p_now / p_init:
+        E[r - 1 - log r] >= 0 (Schulman 2020); the KL penalty's reference of the GRPO paper (Shao et
+        al. 2024, Eq. 4) as a diagnostic only: no reference model stays in memory."""
+        if not self.algo.kl_probe:
+            return None
+        batches = lambda probe: [self._batch(probe[i : i + self.algo.micro_batch])
+                                 for i in range(0, len(probe), self.algo.micro_batch)]
+        if name not in self.reference:
+            probe = samples[: self.algo.kl_probe]
+            self.reference[name] = (probe, [self._logp(ids, att, mask, temp) for ids, att, mask, _, temp, _ in batches(probe)])
+            return 0.0
+        probe, initial = self.reference[name]
+        total, tokens = 0.0, 0.0
+        for (ids, att, mask, _, temp, _), logp0 in zip(batches(probe), initial):
+            delta = (self._logp(ids, att, mask, temp) - logp0).double()[mask.bool()]
+            total += float((torch.exp(delta) - 1 - delta).sum())
+            tokens += float(mask.sum())
+        return total / tokens if tokens else None
 
     def weights(self, name: str) -> dict[str, torch.Tensor]:
         """What the rollout engine needs for policy `name` (weight sync): its adapter, or the full
@@ -171,8 +204,13 @@ class Learner:
                 json.dump(self.adapters[name].model_dump(mode="json"), handle)
         else:
             save_model(self.model, os.path.join(path, "model.safetensors"))
+        reference = self.reference.get(name)
         torch.save({"optimizer": self.optimizers[name].state_dict(), "torch_rng": torch.get_rng_state(),
-                    "version": self.version}, os.path.join(path, "learner.pt"))
+                    "version": self.version,
+                    "kl_probe": None if reference is None else {
+                        "samples": [[s.prompt_ids, s.response_ids, s.temperature] for s in reference[0]],
+                        "logp": reference[1]}},
+                   os.path.join(path, "learner.pt"))
 
     def load(self, name: str, path: str, optimizer: bool = True) -> int:
         """Load policy `name` from a saved folder; `optimizer=False` (init_from) loads weights only."""
@@ -192,6 +230,10 @@ class Learner:
             self.optimizers[name].load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
             self.version = state["version"]
+            probe = state.get("kl_probe")  # absent in checkpoints from before the KL diagnostic
+            if probe:
+                samples = [Sample(list(p), list(r), 0.0, t) for p, r, t in probe["samples"]]
+                self.reference[name] = (samples, list(probe["logp"]))
         return self.version
 
     def ready(self) -> bool:
