@@ -3,7 +3,8 @@
 Every chart has the training step on its x-axis and comes from the run store alone: held-out
 success with its 95% interval at the steps it was evaluated, mean reward per role and per
 (agent, turn), team reward, the zero-std share of groups, and per policy loss, gradient norm,
-clip fraction, entropy and the rollout/training mismatch, then the step time split.
+clip fraction, entropy, the rollout/training mismatch, KL to the initial policy and ratio extremes,
+the all-fail / all-success share of groups per (agent, turn), then the step time split.
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ PANELS = {
     "learner": ("loss, grad norm, clip fraction per policy", ["loss/", "grad_norm/", "clip_frac/"]),
     "sampling": ("entropy, response length, rollout/training mismatch per policy",
                  ["entropy/", "response_len/", "mismatch_abs/"]),
+    "drift": ("KL to the initial policy, rollout/training KL, max ratio per policy",
+              ["kl_initial/", "mismatch_kl/", "ratio_max/"]),
+    "groups": ("groups with no signal per (agent, turn): all fail, all succeed",
+               ["groups_all_fail/", "groups_all_success/"]),
     "time": ("step time split (s)", ["time/rollout", "time/reward", "time/learner", "time/weight_sync", "time/other"]),
 }
 
@@ -31,6 +36,18 @@ def _matches(key: str, pattern: str) -> bool:
     return key.startswith(pattern) if pattern.endswith("/") else key == pattern
 
 
+def panel_series(store: RunStore) -> dict[str, tuple[str, dict[str, list[tuple[int, float]]]]]:
+    """panel -> (title, {metric key: [(step, value)]}) for every panel with data: the one
+    definition of the charts, drawn by `plot_run` (PNG) and by the TUI's live screen."""
+    keys = store.metric_keys()
+    out = {}
+    for panel, (title, patterns) in PANELS.items():
+        chosen = [k for k in keys if any(_matches(k, p) for p in patterns)]
+        if chosen:
+            out[panel] = (title, {key: store.series(key) for key in chosen})
+    return out
+
+
 def plot_run(run_dir: Path, output: Path) -> list[Path]:
     """Write one PNG per panel that has data into `output`; returns the files written."""
     import matplotlib
@@ -39,17 +56,12 @@ def plot_run(run_dir: Path, output: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     store = RunStore(Path(run_dir) / "run.db", create=False)
-    keys = store.metric_keys()
     name = (store.meta().get("task") or {}).get("name", Path(run_dir).name)
     output.mkdir(parents=True, exist_ok=True)
     written = []
-    for panel, (title, patterns) in PANELS.items():
-        chosen = [k for k in keys if any(_matches(k, p) for p in patterns)]
-        if not chosen:
-            continue
+    for panel, (title, series) in panel_series(store).items():
         fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-        for key in chosen:
-            points = store.series(key)
+        for key, points in series.items():
             steps, values = [s for s, _ in points], [v for _, v in points]
             if panel == "success":
                 low = dict(store.series("eval/success_ci_low"))

@@ -138,9 +138,16 @@ def test_live_screen_of_a_finished_run_shows_charts_and_events(finished):
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: "step 3/3" in text(app, "#run-header"), what="the header")
             assert "FINISHED" in text(app, "#run-header")
-            keys = {chart.key for chart in app.screen.query("Chart")}
-            assert {"reward/mean", "reward/first", "reward/second", "eval/success_rate", "loss/shared", "zero_std_frac",
-                    "time/step"} <= keys
+            charts = {chart.panel: chart for chart in app.screen.query("Chart")}
+            assert {"success", "reward_per_role", "reward_per_agent_turn", "team", "learner", "sampling", "drift",
+                    "groups", "time"} <= set(charts)
+            keys = {key for chart in charts.values() for key in chart.keys}
+            assert {"reward/first", "reward/second", "eval/success_rate", "loss/shared", "zero_std_frac",
+                    "kl_initial/shared", "groups_all_fail/first/t0", "time/rollout"} <= keys
+            success = charts["success"].series["eval/success_rate"]
+            assert [step for step, _ in success] == [0, 2, 3]  # eval points at their own steps (every 2, and the last)
+            legend = str(charts["learner"].query_one(".legend").render())
+            assert "loss/shared" in legend and "[" in legend  # last value with [min, max]
             log = "\n".join(str(line.text) for line in app.screen.query_one("#events").lines)
             assert "checkpoint" in log and "eval" in log
             assert "rollout" in text(app, "#split")
@@ -263,5 +270,27 @@ def test_replay_opens_where_the_command_line_says(finished):
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             assert "step 2 (2/3)" in text(app, "#where") and "episode 3 (4/4" in text(app, "#where")
+
+    asyncio.run(go())
+
+
+def test_header_and_footer_fit_a_100_column_terminal(finished):
+    from textual.widgets._footer import FooterKey
+
+    async def go():
+        app = MasLabApp(finished, "live")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: "step 3/3" in text(app, "#run-header"), what="the header")
+            for mode in ("live", "groups", "replay"):
+                app.switch_mode(mode)
+                await pilot.pause(0.3)
+                keys = list(app.screen.query(FooterKey))
+                assert keys and all(0 < key.region.right <= 100 and key.region.width > 0 for key in keys), mode
+                shown = " ".join(str(key.render()) for key in keys)
+                assert "Keys" in shown and "Quit" in shown, mode  # the help key is always in reach
+            app.switch_mode("live")
+            await pilot.pause(0.3)
+            header = text(app, "#run-header")
+            assert all(len(line) <= 98 for line in header.splitlines())
 
     asyncio.run(go())

@@ -31,14 +31,14 @@ class HelpScreen(ModalScreen):
         lines += [f"  {b.key_display or b.key:<22} {b.description}" for b in keys if isinstance(b, Binding)]
         lines += ["", "  ctrl+p                 command palette", "  escape or ?            close this help"]
         with VerticalScroll(id="help-box"):
-            yield Static("\n".join(lines), id="help")
+            yield Static("\n".join(lines), id="help", markup=False)
 
 
 class MasLabApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "mas-lab"
     MODES = {"live": LiveScreen, "groups": GroupsScreen, "replay": ReplayScreen}
-    BINDINGS = [Binding("q", "quit", "Quit"), Binding("question_mark", "help", "Keys")]
+    BINDINGS = [Binding("q", "quit", "Quit"), Binding("question_mark", "help", "Keys", key_display="?")]
 
     def __init__(self, run_dir: Path, start_mode: str = "replay", replay_at: dict | None = None) -> None:
         """`replay_at`: where the replay screen opens, {"kind", "step", "episode"} (replay --step ...)."""

@@ -43,14 +43,17 @@ class CandidatesScreen(ModalScreen):
             yield Footer()
 
 
+STEP = Binding.Group("step", compact=True)
+
+
 class GroupsScreen(Screen):
     BINDINGS = [
-        Binding("left_square_bracket", "step(-1)", "Prev step"),
-        Binding("right_square_bracket", "step(1)", "Next step"),
+        Binding("left_square_bracket", "step(-1)", "Prev step", group=STEP, key_display="["),
+        Binding("right_square_bracket", "step(1)", "Next step", group=STEP, key_display="]"),
         Binding("a", "cycle_agent", "Agent filter"),
         Binding("t", "cycle_turn", "Turn filter"),
         Binding("s", "cycle_sort", "Sort"),
-        Binding("f", "toggle_follow", "Follow/pin"),
+        Binding("f", "toggle_follow", "Follow/pin", show=False),
         Binding("v", "app.switch_mode('live')", "Live"),
         Binding("r", "app.switch_mode('replay')", "Replay"),
     ]

@@ -7,7 +7,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Header, Label, RichLog, Sparkline, Static
+from textual.widgets import Button, Footer, Header, Label, RichLog, Static
+from textual_plotext import PlotextPlot
 
 from tui.data import SPLIT, LiveSnapshot, fmt_duration, live_snapshot, now
 
@@ -23,25 +24,58 @@ class SnapshotReady(Message):
         return isinstance(message, SnapshotReady)
 
 
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.2e}"
+
+
 class Chart(Vertical):
-    """A titled sparkline over steps with the latest value."""
+    """One panel of `mas-lab plot` as a terminal line chart: training step on the x-axis, a line
+    per metric key (eval success only at the steps it was evaluated), and below it each key's
+    last value with its [min, max]."""
 
-    def __init__(self, key: str, title: str, values: list[float]) -> None:
-        super().__init__(classes="chart")
-        self.key, self.title, self.values = key, title, values
+    def __init__(self, panel: str, title: str, series: dict[str, list[tuple[int, float]]]) -> None:
+        super().__init__(classes="chart-box", id=f"chart-{panel}")
+        self.panel, self.title, self.series = panel, title, series
 
-    def _label(self) -> str:
-        last = f"{self.values[-1]:.3f}" if self.values else "-"
-        return f"{self.title}: {last}  ({len(self.values)} points)"
+    @property
+    def keys(self) -> list[str]:
+        return list(self.series)
+
+    def legend(self) -> str:
+        parts = []
+        for key, points in self.series.items():
+            values = [v for _, v in points]
+            if values:
+                parts.append(f"{key} {_fmt(values[-1])} [{_fmt(min(values))}, {_fmt(max(values))}]")
+        return "   ".join(parts)
 
     def compose(self) -> ComposeResult:
-        yield Label(self._label(), classes="chart-title")
-        yield Sparkline(self.values or [0.0], summary_function=max)
+        yield PlotextPlot(classes="chart")
+        yield Static(self.legend(), classes="legend")
 
-    def show(self, values: list[float]) -> None:
-        self.values = values
-        self.query_one(Label).update(self._label())
-        self.query_one(Sparkline).data = values or [0.0]
+    def on_mount(self) -> None:
+        self.draw()
+
+    def show(self, series: dict[str, list[tuple[int, float]]]) -> None:
+        if series != self.series:
+            self.series = series
+            self.draw()
+
+    def draw(self) -> None:
+        plot = self.query_one(PlotextPlot)
+        plt = plot.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(self.title)
+        plt.xlabel("step")
+        for key, points in self.series.items():
+            if points:
+                steps, values = [s for s, _ in points], [v for _, v in points]
+                marker = "dot" if len(points) < 3 or key.startswith("eval/") else "braille"
+                draw = plt.scatter if key.startswith("eval/") else plt.plot  # evals: points at their steps
+                draw(steps, values, marker=marker, label=key if len(self.series) > 1 else None)
+        plot.refresh()
+        self.query_one(".legend", Static).update(self.legend())
 
 
 class LiveScreen(Screen):
@@ -89,8 +123,8 @@ class LiveScreen(Screen):
         end = now() if state.get("running") else snap.finished
         elapsed = end - snap.started if snap.started and end else None
         header = (
-            f"task {snap.task.get('name', '?')}   step {step}/{snap.total_steps}   phase {state.get('phase', '-')}   "
-            f"{status}   elapsed {fmt_duration(elapsed)}   eta {fmt_duration(remaining) if state.get('running') else '-'}   "
+            f"task {snap.task.get('name', '?')}   step {step}/{snap.total_steps}   {status}   phase {state.get('phase', '-')}\n"
+            f"elapsed {fmt_duration(elapsed)}   eta {fmt_duration(remaining) if state.get('running') else '-'}   "
             f"last checkpoint {state.get('last_checkpoint')}"
         )
         if state.get("error") or status in ("FAILED", "CRASHED"):
@@ -120,12 +154,12 @@ class LiveScreen(Screen):
 
     def _charts(self, snap: LiveSnapshot) -> None:
         box = self.query_one("#charts", VerticalScroll)
-        existing = {chart.key: chart for chart in box.query(Chart)}
-        for key in sorted(snap.series):
-            if key in existing:
-                existing[key].show(snap.series[key])
+        existing = {chart.panel: chart for chart in box.query(Chart)}
+        for panel, (title, series) in snap.panels.items():
+            if panel in existing:
+                existing[panel].show(series)
             else:
-                box.mount(Chart(key, key, snap.series[key]))
+                box.mount(Chart(panel, title, series))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "pause":

@@ -50,22 +50,26 @@ class CompareScreen(ModalScreen):
             yield VerticalScroll(Static(candidate_text(self.worst, "worst: "), id="worst"))
 
 
+STEP, EPISODE, TURN, AGENT = (Binding.Group(name, compact=True) for name in ("step", "episode", "turn", "agent"))
+
+
 class ReplayScreen(Screen):
+    # the footer shows the grouped walk keys and the mode switches (it fits 100 columns); `?` lists all
     BINDINGS = [
-        Binding("left_square_bracket", "step(-1)", "Prev step"),
-        Binding("right_square_bracket", "step(1)", "Next step"),
-        Binding("comma", "episode(-1)", "Prev episode"),
-        Binding("full_stop", "episode(1)", "Next episode"),
-        Binding("j", "turn(1)", "Next turn"),
-        Binding("k", "turn(-1)", "Prev turn"),
-        Binding("h", "agent(-1)", "Prev agent"),
-        Binding("l", "agent(1)", "Next agent"),
-        Binding("n", "next_zero_std", "Next zero-std"),
-        Binding("slash", "search", "Search"),
-        Binding("c", "compare", "Compare"),
+        Binding("left_square_bracket", "step(-1)", "Prev step", group=STEP, key_display="["),
+        Binding("right_square_bracket", "step(1)", "Next step", group=STEP, key_display="]"),
+        Binding("comma", "episode(-1)", "Prev episode", group=EPISODE, key_display=","),
+        Binding("full_stop", "episode(1)", "Next episode", group=EPISODE, key_display="."),
+        Binding("k", "turn(-1)", "Prev turn", group=TURN),
+        Binding("j", "turn(1)", "Next turn", group=TURN),
+        Binding("h", "agent(-1)", "Prev agent", group=AGENT),
+        Binding("l", "agent(1)", "Next agent", group=AGENT),
+        Binding("n", "next_zero_std", "Next zero-std", show=False),
+        Binding("slash", "search", "Search", show=False),
+        Binding("c", "compare", "Compare", show=False),
         Binding("e", "toggle_kind", "Train/eval"),
-        Binding("f", "toggle_follow", "Follow/pin"),
-        Binding("g", "app.switch_mode('groups')", "Groups"),
+        Binding("f", "toggle_follow", "Follow/pin", show=False),
+        Binding("g", "app.switch_mode('groups')", "Groups", show=False),
         Binding("v", "app.switch_mode('live')", "Live"),
     ]
 
