@@ -92,3 +92,36 @@ def test_a_wrong_cluster_address_fails_fast_and_leaves_nothing(tmp_path):
     assert time.monotonic() - started < 60 and not (tmp_path / "runs").exists() and not (tmp_path / "mlruns.db").exists()
     bad = cli("run", TOY, "--address", "nonsense", cwd=tmp_path)
     assert bad.returncode == 2 and "is not host:port" in bad.stderr
+
+
+@pytest.mark.slow
+def test_ui_serves_the_runs_own_tracking_store(finished):
+    import socket
+    import urllib.request
+
+    cwd, run_dir = finished
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([MAS_LAB, "ui", str(run_dir), "--port", str(port)], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        first = proc.stdout.readline()
+        store = json.loads(sqlite3.connect(run_dir / "run.db").execute(
+            "SELECT value FROM meta WHERE key = 'mlflow_uri'").fetchone()[0])
+        assert f"http://127.0.0.1:{port}" in first and store in first, first
+        run_id = json.loads(sqlite3.connect(run_dir / "run.db").execute(
+            "SELECT value FROM meta WHERE key = 'mlflow_run_id'").fetchone()[0])
+        deadline, body = time.monotonic() + 120, None
+        while time.monotonic() < deadline and body is None:
+            try:  # the REST API of the server that started answers with this run: it reads the run's store
+                url = f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/get?run_id={run_id}"
+                body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            except OSError:
+                time.sleep(1)
+        assert body and body["run"]["info"]["run_id"] == run_id
+    finally:
+        import os
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
