@@ -1,9 +1,9 @@
-"""The transformers inference engine: all prompts' K candidates in one batched generate call.
+"""The transformers inference engine: all prompts' K candidates in one batched sampling loop.
 
-Prompts are chat messages, rendered with the model's chat template and left-padded; each prompt
-is repeated K times inside `generate` (num_return_sequences), so every candidate of a group is
-drawn from the identical token sequence. The response keeps its end-of-turn token (so the policy
-learns to stop) and drops the padding after it.
+Prompts are chat messages, rendered with the model's chat template; the loop (rollout/decode.py)
+prefills each prompt once and shares its KV cache across its K candidates, so every candidate of
+a group is drawn from the identical token sequence. The response keeps its end-of-turn token (so
+the policy learns to stop).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mas_lab.config import Lora, Sampling
+from mas_lab.rollout import decode
 
 
 @dataclass
@@ -48,21 +49,6 @@ def stop_ids(tokenizer, model) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def sampled_logprobs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor,
-                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, steps] log-probabilities of the sampled tokens under softmax(logits / temperature)
-    (the distribution the learner differentiates; top-p truncation is not renormalised in, as in
-    TRL and verl), and the entropy of that distribution at each step. `logits` are generate's raw
-    per-step logits."""
-    logprobs = torch.empty(tokens.shape, dtype=torch.float32)
-    entropy = torch.empty(tokens.shape, dtype=torch.float32)
-    for step, step_logits in enumerate(logits):
-        log_p = torch.log_softmax(step_logits.float() / temperature, dim=-1)
-        logprobs[:, step] = log_p.gather(-1, tokens[:, step : step + 1]).squeeze(-1)
-        entropy[:, step] = -(log_p.exp() * log_p).sum(-1)
-    return logprobs, entropy
-
-
 class HFEngine:
     def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -91,59 +77,31 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
-                 seed: int) -> list[list[Generation]]:
-        """For each prompt, n candidates. Seeded per call, so a step's samples are reproducible.
-        With per-role adapters, `policy` names the adapter to generate with."""
+                 seed: int, first_index: int = 0) -> list[list[Generation]]:
+        """For each prompt, n candidates (rollout/decode.py: one prefill per prompt, finished rows
+        leave the batch). Seeded per call and per candidate, so a step's samples are reproducible
+        and do not depend on the other prompts of the call; `first_index` is the position of
+        prompts[0] in the whole list when a worker got a slice. With per-role adapters, `policy`
+        names the adapter to generate with."""
         started = time.perf_counter()
         if self.adapters:
             from mas_lab import lora
 
             lora.use(self.model, policy)
         encoded = [self.encode(messages) for messages in prompts]
-        width = max(len(ids) for ids in encoded)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded])
-        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
-        torch.manual_seed(seed)
-        greedy = sampling.temperature == 0.0
-        output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None,
-            max_new_tokens=sampling.max_new_tokens,
-            num_return_sequences=n,
-            pad_token_id=pad,
-            eos_token_id=sorted(self.eos_ids),
-            return_dict_in_generate=True,
-            output_logits=not greedy,
-        )
-        sequences = output.sequences
-        logprobs, entropy = (None, None) if greedy else sampled_logprobs(output.logits, sequences[:, width:],
-                                                                          sampling.temperature)
-        results: list[list[Generation]] = []
-        for p, ids in enumerate(encoded):
-            row = []
-            for c in range(n):
-                response = self._cut(sequences[p * n + c, width:].tolist())
-                text = self.tokenizer.decode(response, skip_special_tokens=True)
-                lp = logprobs[p * n + c, : len(response)].tolist() if logprobs is not None else []
-                h = float(entropy[p * n + c, : len(response)].mean()) if entropy is not None and response else None
-                truncated = len(response) >= sampling.max_new_tokens and response[-1] not in self.eos_ids
-                row.append(Generation(prompt_ids=ids, response_ids=response, text=text, logprobs=lp, entropy=h,
-                                      truncated=truncated))
-            results.append(row)
+        decoded = decode.sample(self.model, encoded, n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                max_new_tokens=sampling.max_new_tokens, stop_ids=self.eos_ids,
+                                pad_id=self.tokenizer.pad_token_id, seed=seed, first_index=first_index)
+        results = [
+            [Generation(prompt_ids=ids, response_ids=d.tokens, text=self.tokenizer.decode(d.tokens, skip_special_tokens=True),
+                        logprobs=d.logprobs, entropy=sum(d.entropy) / len(d.entropy) if d.entropy else None,
+                        truncated=not d.stopped)
+             for d in row]
+            for ids, row in zip(encoded, decoded)
+        ]
         self.stats["generated_tokens"] += sum(len(g.response_ids) for row in results for g in row)
         self.stats["generate_s"] += time.perf_counter() - started
         return results
-
-    def _cut(self, response: list[int]) -> list[int]:
-        for i, token in enumerate(response):
-            if token in self.eos_ids:
-                return response[: i + 1]
-        return response
 
     def load_weights(self, state: dict[str, torch.Tensor], policy: str | None = None) -> None:
         if self.adapters:

@@ -1,0 +1,101 @@
+"""Rollout speed on a task's real prompts: mas-lab's sampling loop vs a plain transformers
+`generate(num_return_sequences=K)`, side by side in one process, printed as JSON lines.
+
+    .venv/bin/python benchmarks/rollout_speed.py tasks/plan_path.yaml [--problems 4 8 16] [--k 4]
+        [--dtype bfloat16 float32] [--role tool] [--repeats 2] [--threads 0]
+
+For each (problems E, dtype) it draws E training problems, renders the role's first observation,
+and times both engines drawing K candidates of up to the role's max_new_tokens (same seed, same
+sampling). Reports completion tokens per second (generated tokens / wall time) of each and their
+ratio, and the prompt length. The first call of each engine is a warm-up and is not counted. Run
+on an idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from mas_lab.config import load_task
+from mas_lab.envs import ENVS, ProblemPool
+from mas_lab.episodes import with_system
+from mas_lab.models import resolve
+from mas_lab.rollout.engine import HFEngine, set_threads
+
+
+def plain_generate(engine: HFEngine, prompts: list[list[int]], k: int, sampling, seed: int) -> int:
+    """The plain loop: left-pad, one generate call that repeats each prompt K times; returns the
+    number of completion tokens (up to and including the first stop token)."""
+    pad = engine.tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = engine.model.generate(input_ids=ids, attention_mask=attention, do_sample=True,
+                                    temperature=sampling.temperature, top_p=sampling.top_p, top_k=None,
+                                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=k,
+                                    pad_token_id=pad, eos_token_id=sorted(engine.eos_ids))
+    tokens = 0
+    for row in out[:, width:].tolist():
+        for i, token in enumerate(row):
+            if token in engine.eos_ids:
+                tokens += i + 1
+                break
+        else:
+            tokens += len(row)
+    return tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("task")
+    parser.add_argument("--problems", type=int, nargs="+", default=[4])
+    parser.add_argument("--k", type=int, default=None)
+    parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--role", default=None, help="whose first observation (default: the first role)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args()
+
+    task = load_task(args.task)
+    role = next(r for r in task.roles if args.role in (None, r.name))
+    k = args.k or task.algorithm.k
+    env_cls = ENVS[task.env.name]
+    pool = ProblemPool(env_cls, task.env.params, task.train.seed, eval_size=1)
+    model_dir = resolve(task.policies[role.policy].model)
+    set_threads(args.threads)
+    for dtype in args.dtype:
+        engine = HFEngine(model_dir, dtype=dtype, threads=args.threads)
+        for problems in args.problems:
+            messages = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt)
+                        for i in range(problems)]
+            encoded = [engine.encode(m) for m in messages]
+            ours, plain = [], []
+            for repeat in range(args.repeats + 1):
+                seed = 1000 + repeat
+                started = time.perf_counter()
+                rows = engine.generate(role.policy, messages, k, role.sampling, seed=seed)
+                ours_s = time.perf_counter() - started
+                ours_tokens = sum(len(g.response_ids) for row in rows for g in row)
+                started = time.perf_counter()
+                plain_tokens = plain_generate(engine, encoded, k, role.sampling, seed)
+                plain_s = time.perf_counter() - started
+                if repeat:  # the first call of each is a warm-up
+                    ours.append(ours_tokens / ours_s)
+                    plain.append(plain_tokens / plain_s)
+            print(json.dumps({
+                "task": task.name, "role": role.name, "dtype": dtype, "problems": problems, "k": k,
+                "rows": problems * k, "max_new_tokens": role.sampling.max_new_tokens,
+                "prompt_tokens_mean": round(statistics.fmean(len(e) for e in encoded), 1),
+                "threads": torch.get_num_threads(),
+                "ours_tok_s": round(statistics.fmean(ours), 1), "plain_generate_tok_s": round(statistics.fmean(plain), 1),
+                "speedup": round(statistics.fmean(ours) / statistics.fmean(plain), 2),
+            }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The sampling loop of the transformers engine: K candidates per prompt from one shared prefill.
+
+AT-GRPO samples K candidates from one observation at every (turn, agent) (paper Sec. 4.1), and
+the observations are long while the answers are short. `generate(num_return_sequences=K)` copies
+each prompt K times before the prefill; here each prompt is prefilled once and its KV cache is
+repeated K times, finished rows leave the batch (their cache is dropped, so later steps attend
+over fewer rows), and the output layer runs for the last position only.
+
+Every candidate draws its tokens from its own torch.Generator seeded by (call seed, prompt index,
+candidate index): what one candidate samples does not depend on which other prompts share the
+batch, so prompts split over several rollout workers give the same candidates as one worker.
+
+Per token it records the log-probability under softmax(logits / temperature) (the distribution
+the learner differentiates; top-p truncation is applied to sampling but not renormalised into the
+log-prob, as in TRL and verl) and that distribution's entropy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SEED_STRIDE = 1_000_003  # seeds of different calls do not collide for up to a million candidates
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]
+    logprobs: list[float]  # empty when greedy
+    entropy: list[float]  # empty when greedy
+    stopped: bool  # ended with a stop token (not cut at max_new_tokens)
+
+
+def row_seed(seed: int, prompt_index: int, candidate: int, n: int) -> int:
+    return (seed * SEED_STRIDE + prompt_index * n + candidate) % (2**63 - 1)
+
+
+def _cache_keyword(model) -> str:
+    """`cache` in recent transformers, `past_key_values` before (and still accepted, deprecated)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row: the first whose cumulative probability exceeds u * total (a token of
+    probability zero is never picked). One uniform number per row and one cumsum over the batch:
+    torch.multinomial costs about a millisecond per row over a 49k vocabulary."""
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    picked = torch.searchsorted(cdf, uniform.unsqueeze(-1) * total, right=True)
+    last_with_mass = torch.searchsorted(cdf, total, right=False)  # where u * total rounds up to the total
+    return torch.minimum(picked, last_with_mass).squeeze(-1)
+
+
+def _filter_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the most likely tokens up to cumulative mass top_p (the first always), Holtzman et al."""
+    ordered, index = probs.sort(dim=-1, descending=True)
+    mass_before = ordered.cumsum(-1) - ordered
+    ordered = ordered.masked_fill(mass_before > top_p, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, index, ordered)
+
+
+@torch.no_grad()
+def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p: float, max_new_tokens: int,
+           stop_ids: set[int], pad_id: int, seed: int, first_index: int = 0) -> list[list[Decoded]]:
+    """n candidates for each prompt (token ids). `first_index` is the index of prompts[0] in the
+    caller's whole list (rollout workers that got a slice seed as if they had all prompts)."""
+    from transformers import DynamicCache
+
+    greedy = temperature == 0.0
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()  # updated in place by every forward
+    cache_arg = {_cache_keyword(model): cache}
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
+                **cache_arg)
+    logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)
+    cache.batch_repeat_interleave(n)
+    attention = attention.repeat_interleave(n, dim=0)
+    next_position = positions[:, -1].repeat_interleave(n) + 1
+
+    rows = len(prompts) * n
+    generators = [torch.Generator().manual_seed(row_seed(seed, first_index + r // n, r % n, n)) for r in range(rows)]
+    results = [Decoded([], [], [], False) for _ in range(rows)]
+    live = list(range(rows))  # the candidate of each batch row
+    stops = torch.tensor(sorted(stop_ids))
+    for step in range(max_new_tokens):
+        if greedy:
+            tokens = logits.argmax(-1)
+        else:
+            log_p = torch.log_softmax(logits / temperature, dim=-1)
+            probs = log_p.exp()
+            entropy = -(probs * log_p).sum(-1)
+            if top_p < 1.0:
+                probs = _filter_top_p(probs, top_p)
+            tokens = _inverse_cdf(probs, torch.cat([torch.rand(1, generator=generators[r], dtype=torch.float64)
+                                                    for r in live]))
+            picked = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        finished = torch.isin(tokens, stops)
+        token_list, done = tokens.tolist(), finished.tolist()
+        for b, r in enumerate(live):
+            result = results[r]
+            result.tokens.append(token_list[b])
+            if not greedy:
+                result.logprobs.append(float(picked[b]))
+                result.entropy.append(float(entropy[b]))
+            result.stopped = done[b]
+        if step == max_new_tokens - 1:
+            break
+        keep = [b for b in range(len(live)) if not done[b]]
+        if not keep:
+            break
+        if len(keep) < len(live):  # finished rows leave the batch and take their cache with them
+            index = torch.tensor(keep)
+            cache.batch_select_indices(index)
+            attention, next_position, tokens = attention[index], next_position[index], tokens[index]
+            live = [live[b] for b in keep]
+        attention = torch.cat([attention, torch.ones(len(live), 1, dtype=attention.dtype)], dim=1)
+        out = model(input_ids=tokens.unsqueeze(-1), attention_mask=attention, position_ids=next_position.unsqueeze(-1),
+                    use_cache=True, logits_to_keep=1, **cache_arg)
+        logits = out.logits[:, -1].float()
+        next_position = next_position + 1
+    return [results[p * n : (p + 1) * n] for p in range(len(prompts))]

@@ -1,0 +1,70 @@
+"""The engine's sampling loop (rollout/decode.py): one prefill per prompt, per-candidate seeds."""
+import torch
+
+from mas_lab.config import Sampling
+from mas_lab.models import resolve
+from mas_lab.rollout import decode
+from mas_lab.rollout.engine import HFEngine
+
+SHORT = [{"role": "user", "content": "write a"}]
+LONG = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a much longer prompt, please answer it"}]
+
+
+def engine() -> HFEngine:
+    return HFEngine(resolve("tiny-test"), threads=1)
+
+
+def tokens(rows):
+    return [[g.response_ids for g in row] for row in rows]
+
+
+def test_greedy_equals_transformers_generate():
+    eng = engine()
+    rows = eng.generate("shared", [SHORT, LONG], 1, Sampling(temperature=0.0, max_new_tokens=12), seed=0)
+    for messages, row in zip([SHORT, LONG], rows):
+        ids = eng.encode(messages)
+        out = eng.model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=12, eos_token_id=sorted(eng.eos_ids),
+                                 pad_token_id=eng.tokenizer.pad_token_id)[0, len(ids):].tolist()
+        expected = next((out[: i + 1] for i, t in enumerate(out) if t in eng.eos_ids), out)
+        assert row[0].response_ids == expected
+
+
+def test_a_candidate_does_not_depend_on_the_other_prompts_of_the_call():
+    eng = engine()
+    sampling = Sampling(temperature=1.0, top_p=0.9, max_new_tokens=16)
+    both = eng.generate("shared", [SHORT, LONG], 3, sampling, seed=7)
+    alone = eng.generate("shared", [SHORT], 3, sampling, seed=7)
+    second = eng.generate("shared", [LONG], 3, sampling, seed=7, first_index=1)  # a worker given the slice [1:]
+    assert tokens(alone)[0] == tokens(both)[0] and tokens(second)[0] == tokens(both)[1]
+    for a, b in zip(second[0], both[1]):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    assert tokens(eng.generate("shared", [SHORT, LONG], 3, sampling, seed=7)) == tokens(both)  # seeded
+    assert tokens(eng.generate("shared", [SHORT, LONG], 3, sampling, seed=8)) != tokens(both)
+    assert len({tuple(t) for t in tokens(both)[1]}) > 1  # K distinct draws, not K copies
+
+
+def test_rows_stop_at_a_stop_token_or_at_the_budget():
+    eng = engine()
+    rows = eng.generate("shared", [SHORT, LONG], 8, Sampling(temperature=1.5, max_new_tokens=6), seed=1)
+    for g in (g for row in rows for g in row):
+        stops = [i for i, t in enumerate(g.response_ids) if t in eng.eos_ids]
+        assert stops in ([], [len(g.response_ids) - 1])  # nothing after the stop token
+        assert g.truncated == (not stops) and (stops or len(g.response_ids) == 6)
+        assert len(g.logprobs) == len(g.response_ids)
+
+
+def test_inverse_cdf_sampling_follows_the_distribution():
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2]] * 20000)
+    picked = decode._inverse_cdf(probs, torch.rand(20000, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    freq = torch.bincount(picked, minlength=4).double() / 20000
+    assert freq[1] == 0.0  # probability zero is never drawn
+    assert torch.allclose(freq, torch.tensor([0.5, 0.0, 0.3, 0.2], dtype=torch.float64), atol=0.015)
+    edge = decode._inverse_cdf(torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([1.0], dtype=torch.float64))
+    assert edge.tolist() == [1]  # u = 1 stays on a token with mass
+
+
+def test_top_p_keeps_the_smallest_head_reaching_the_mass():
+    kept = decode._filter_top_p(torch.tensor([[0.1, 0.5, 0.25, 0.15]]), 0.7)
+    assert kept.tolist() == [[0.0, 0.5, 0.25, 0.0]]
+    assert decode._filter_top_p(torch.tensor([[0.9, 0.1]]), 0.5)[0, 1] == 0.0  # the first always stays
