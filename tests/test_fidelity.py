@@ -24,16 +24,45 @@ def test_the_learners_logprobs_equal_the_samplers_at_temperature_and_top_p():
     generations, learner = sampled(0.7, 0.9)
     assert all(len(g.logprobs) == len(g.response_ids) > 0 for g in generations)
     samples = [Sample(g.prompt_ids, g.response_ids, 0.0, 0.7, tuple(g.logprobs)) for g in generations]
-    ids, attention, mask, _, temperature, sampler = learner._batch(samples)
+    batch = learner._batch(samples)
     with torch.no_grad():
-        logp = learner._logp(ids, attention, mask, temperature)
-    known = mask.bool()
-    assert (logp[known] - sampler[known]).abs().max() < 1e-4
-    at_one = [Sample(s.prompt_ids, s.response_ids, 0.0, 1.0, s.sampler_logprobs) for s in samples]
-    ids, attention, mask, _, temperature, sampler = learner._batch(at_one)
+        logp = learner._logp(batch)
+    known = batch.mask.bool()
+    assert (logp[known] - batch.sampler[known]).abs().max() < 1e-4
+    at_one = learner._batch([Sample(s.prompt_ids, s.response_ids, 0.0, 1.0, s.sampler_logprobs) for s in samples])
     with torch.no_grad():
-        wrong = learner._logp(ids, attention, mask, temperature)
-    assert (wrong[known] - sampler[known]).abs().max() > 1e-2  # temperature 1 was the old mistake
+        wrong = learner._logp(at_one)
+    assert (wrong[known] - batch.sampler[known]).abs().max() > 1e-2  # temperature 1 was the old mistake
+
+
+def full_sequence_logp(learner, samples):
+    """The plain way: each sample's prompt + response through the model on its own."""
+    out = []
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        logits = learner.model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1].float() / s.temperature
+        out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(s.response_ids).unsqueeze(-1)).squeeze(-1))
+    return out
+
+
+def test_shared_prompt_forward_equals_the_full_sequence_forward_values_and_gradients():
+    generations, learner = sampled(0.7, 1.0)
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 3 else -1.0, 0.7) for i, g in enumerate(generations)]
+    learner.algo = Algorithm(micro_batch=4)  # 2 prompts x 3 candidates: a group is not split to fill a batch
+    assert [b.prompt_ids.shape[0] for b in learner._micro_batches(samples)] == [1, 1]
+    learner.algo = Algorithm(micro_batch=6)
+    batches = learner._micro_batches(samples)
+    assert [b.prompt_ids.shape[0] for b in batches] == [2] and batches[0].which.tolist() == [0, 0, 0, 1, 1, 1]
+    params = [p for p in learner.model.parameters() if p.requires_grad]
+    logp = learner._logp(batches[0])
+    rows = [row[batches[0].mask[i].bool()] for i, row in enumerate(logp)]
+    order = samples
+    reference = full_sequence_logp(learner, order)
+    for got, want in zip(rows, reference):
+        assert (got - want).abs().max() < 1e-5
+    grad_shared = torch.autograd.grad(sum(r.sum() for r in rows), params)
+    grad_full = torch.autograd.grad(sum(r.sum() for r in full_sequence_logp(learner, order)), params)
+    assert max(float((a - b).abs().max()) for a, b in zip(grad_shared, grad_full)) < 1e-4
 
 
 def test_the_update_reports_the_rollout_training_mismatch():

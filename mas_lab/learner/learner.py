@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +19,7 @@ from mas_lab import lora
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.samples import Sample
+from mas_lab.rollout.decode import cache_keyword
 from mas_lab.rollout.engine import set_threads
 
 
@@ -62,41 +64,82 @@ class Learner:
             self.load(name, folder, optimizer=False)
         self.version = 0
 
-    def _batch(self, samples: list[Sample]) -> tuple[torch.Tensor, ...]:
-        """Right-padded [prompt + response] ids, attention mask, response-token mask, advantages,
-        per-token temperatures and sampler log-probs (NaN where the sampler reported none)."""
-        sequences = [s.prompt_ids + s.response_ids for s in samples]
-        width = max(len(seq) for seq in sequences)
-        ids = torch.zeros(len(samples), width, dtype=torch.long)
-        attention = torch.zeros(len(samples), width, dtype=torch.long)
-        loss_mask = torch.zeros(len(samples), width - 1)
-        temperature = torch.ones(len(samples), width - 1)
-        sampler = torch.full((len(samples), width - 1), float("nan"))
-        for row, (s, seq) in enumerate(zip(samples, sequences)):
-            ids[row, : len(seq)] = torch.tensor(seq)
-            attention[row, : len(seq)] = 1
-            # token j+1 is predicted at position j; only response tokens carry loss
-            start, end = len(s.prompt_ids) - 1, len(seq) - 1
-            loss_mask[row, start:end] = 1.0
-            temperature[row, start:end] = s.temperature or 1.0
-            if len(s.sampler_logprobs) == len(s.response_ids):
-                sampler[row, start:end] = torch.tensor(s.sampler_logprobs)
+    def _batch(self, samples: list[Sample]) -> "Batch":
+        """Each distinct prompt once (left-padded), every response (right-padded) with the row of
+        its prompt; per response token: loss mask, temperature, sampler log-prob (NaN if unknown)."""
+        rows: dict[tuple[int, ...], int] = {}
+        which = [rows.setdefault(tuple(s.prompt_ids), len(rows)) for s in samples]
+        prompts = list(rows)
+        p_width, r_width = max(map(len, prompts)), max(max(len(s.response_ids) for s in samples), 1)
+        prompt_ids = torch.zeros(len(prompts), p_width, dtype=torch.long)
+        prompt_mask = torch.zeros(len(prompts), p_width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            prompt_ids[row, p_width - len(prompt):] = torch.tensor(prompt)
+            prompt_mask[row, p_width - len(prompt):] = 1
+        response_ids = torch.zeros(len(samples), r_width, dtype=torch.long)
+        mask = torch.zeros(len(samples), r_width)
+        temperature = torch.ones(len(samples), r_width)
+        sampler = torch.full((len(samples), r_width), float("nan"))
+        for row, s in enumerate(samples):
+            n = len(s.response_ids)
+            response_ids[row, :n] = torch.tensor(s.response_ids, dtype=torch.long)
+            mask[row, :n] = 1.0
+            temperature[row, :n] = s.temperature or 1.0
+            if len(s.sampler_logprobs) == n and n:
+                sampler[row, :n] = torch.tensor(s.sampler_logprobs)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        return ids, attention, loss_mask, advantages, temperature, sampler
+        return Batch(prompt_ids, prompt_mask, torch.tensor(which), response_ids, mask, advantages, temperature, sampler)
 
-    def _logp(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
-              temperature: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities of the response tokens ([B, L-1], zero elsewhere) under the sampled
-        distribution, softmax(logits / temperature) (as TRL and verl; top-p truncation is not
-        modelled). The output layer runs only at response positions: prompt positions carry no
-        loss, and with a large vocabulary the output layer is a good part of the cost."""
+    def _micro_batches(self, samples: list[Sample]) -> list["Batch"]:
+        """Samples in micro-batches of at most `micro_batch`, the K candidates of one prompt kept
+        together where they fit, so each prompt is computed once per micro-batch."""
+        by_prompt: dict[tuple[int, ...], list[Sample]] = {}
+        for s in samples:
+            by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
+        size, chunks, current = self.algo.micro_batch, [], []
+        for group in by_prompt.values():
+            for i in range(0, len(group), size):
+                part = group[i : i + size]
+                if current and len(current) + len(part) > size:
+                    chunks.append(current)
+                    current = []
+                current = current + part
+        if current:
+            chunks.append(current)
+        return [self._batch(chunk) for chunk in chunks]
+
+    def _logp(self, batch: "Batch") -> torch.Tensor:
+        """Log-probabilities of the response tokens ([samples, response width], zero at padding)
+        under the sampled distribution, softmax(logits / temperature) (as TRL and verl; top-p
+        truncation is not modelled).
+
+        The K candidates of a group share their prompt (AT-GRPO samples them from one observation,
+        paper Sec. 4.1), so each distinct prompt runs through the model once, with gradients, and
+        its keys and values are repeated for its candidates; the responses then run on top of them.
+        The first response token is predicted at the prompt's last position. The output layer runs
+        only at response positions."""
+        from transformers import DynamicCache
+
+        decoder = self.model.get_decoder()
+        cache = DynamicCache()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
-            where = mask.bool()
+            positions = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+            prompt = decoder(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=positions,
+                             use_cache=True, **{cache_keyword(decoder): cache}).last_hidden_state
+            cache.batch_select_indices(batch.which)  # each candidate attends to its own prompt's keys/values
+            lengths = batch.prompt_mask.sum(-1)[batch.which]
+            width = batch.response_ids.shape[1]
+            # response padding comes after the real tokens, so causal attention keeps it out of them
+            attention = torch.cat([batch.prompt_mask[batch.which], torch.ones_like(batch.response_ids)], dim=1)
+            response = decoder(input_ids=batch.response_ids, attention_mask=attention,
+                               position_ids=lengths.unsqueeze(1) + torch.arange(width), use_cache=True,
+                               **{cache_keyword(decoder): cache}).last_hidden_state
+            hidden = torch.cat([prompt[batch.which, -1:], response[:, :-1]], dim=1)
+            where = batch.mask.bool()
             logits = self.model.get_output_embeddings()(hidden[where]).float()
-        logits = logits / temperature[where].unsqueeze(-1)
-        picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
-        return torch.zeros(mask.shape, dtype=picked.dtype).masked_scatter(where, picked)
+        logits = logits / batch.temperature[where].unsqueeze(-1)
+        picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids[where].unsqueeze(-1)).squeeze(-1)
+        return torch.zeros(where.shape, dtype=picked.dtype).masked_scatter(where, picked)
 
     def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:
         """Update each named policy on its own samples (routing by sigma happened upstream)."""
@@ -115,28 +158,27 @@ class Learner:
         if not samples:
             return {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "learner_s": 0.0}
         algo = self.algo
-        size = algo.micro_batch
-        micro = [self._batch(samples[i : i + size]) for i in range(0, len(samples), size)]
-        tokens = sum(float(m[2].sum()) for m in micro)
+        micro = self._micro_batches(samples)
+        tokens = sum(float(m.mask.sum()) for m in micro)
         mismatch = _Mismatch()
         normalizer = tokens if algo.loss_agg == "token_mean" else float(len(samples))
         old = None
         if algo.epochs > 1:
             with torch.no_grad():
-                old = [self._logp(ids, att, mask, temp) for ids, att, mask, _, temp, _ in micro]
+                old = [self._logp(batch) for batch in micro]
         kl_initial = self._kl_to_initial(name, samples)
         total_loss, clipped, grad_norm = 0.0, 0.0, 0.0
         ratio_sum, ratio_min, ratio_max = 0.0, math.inf, -math.inf
         for epoch in range(algo.epochs):
             optimizer.zero_grad(set_to_none=True)
             epoch_loss = 0.0
-            for i, (ids, attention, mask, advantages, temperature, sampler) in enumerate(micro):
-                logp = self._logp(ids, attention, mask, temperature)
+            for i, batch in enumerate(micro):
+                logp = self._logp(batch)
                 if epoch == 0:
-                    mismatch.add(logp.detach(), sampler, mask)
+                    mismatch.add(logp.detach(), batch.sampler, batch.mask)
                 logp_old = old[i] if old is not None else logp.detach()
                 loss, stats = clipped_policy_loss(
-                    logp, logp_old, advantages, mask, eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high,
+                    logp, logp_old, batch.advantages, batch.mask, eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high,
                     dual_clip=algo.dual_clip, agg=algo.loss_agg, normalizer=normalizer,
                 )
                 loss.backward()
@@ -171,18 +213,16 @@ class Learner:
         al. 2024, Eq. 4) as a diagnostic only: no reference model stays in memory."""
         if not self.algo.kl_probe:
             return None
-        batches = lambda probe: [self._batch(probe[i : i + self.algo.micro_batch])
-                                 for i in range(0, len(probe), self.algo.micro_batch)]
         if name not in self.reference:
             probe = samples[: self.algo.kl_probe]
-            self.reference[name] = (probe, [self._logp(ids, att, mask, temp) for ids, att, mask, _, temp, _ in batches(probe)])
+            self.reference[name] = (probe, [self._logp(batch) for batch in self._micro_batches(probe)])
             return 0.0
         probe, initial = self.reference[name]
         total, tokens = 0.0, 0.0
-        for (ids, att, mask, _, temp, _), logp0 in zip(batches(probe), initial):
-            delta = (self._logp(ids, att, mask, temp) - logp0).double()[mask.bool()]
+        for batch, logp0 in zip(self._micro_batches(probe), initial):
+            delta = (self._logp(batch) - logp0).double()[batch.mask.bool()]
             total += float((torch.exp(delta) - 1 - delta).sum())
-            tokens += float(mask.sum())
+            tokens += float(batch.mask.sum())
         return total / tokens if tokens else None
 
     def weights(self, name: str) -> dict[str, torch.Tensor]:
@@ -260,3 +300,19 @@ class _Mismatch:
         if not self.tokens:
             return {}
         return {"mismatch_abs": self.abs_sum / self.tokens, "mismatch_kl": self.kl_sum / self.tokens}
+
+
+@dataclass
+class Batch:
+    """A micro-batch: distinct prompts ([P, prompt width], left-padded), `which` prompt row each
+    sample continues ([B]), responses ([B, response width], right-padded) with their loss mask,
+    per-token temperature and sampler log-prob (NaN where unknown), and the advantages ([B])."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    which: torch.Tensor
+    response_ids: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    temperature: torch.Tensor
+    sampler: torch.Tensor

@@ -35,7 +35,7 @@ def row_seed(seed: int, prompt_index: int, candidate: int, n: int) -> int:
     return (seed * SEED_STRIDE + prompt_index * n + candidate) % (2**63 - 1)
 
 
-def _cache_keyword(model) -> str:
+def cache_keyword(model) -> str:
     """`cache` in recent transformers, `past_key_values` before (and still accepted, deprecated)."""
     import inspect
 
@@ -48,7 +48,7 @@ def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     probability zero is never picked). One uniform number per row and one cumsum over the batch:
     torch.multinomial costs about a millisecond per row over a 49k vocabulary."""
     cdf = probs.double().cumsum(-1)
-    total = cdf[:, -1:]
+    total = cdf[:, -1:].contiguous()
     picked = torch.searchsorted(cdf, uniform.unsqueeze(-1) * total, right=True)
     last_with_mass = torch.searchsorted(cdf, total, right=False)  # where u * total rounds up to the total
     return torch.minimum(picked, last_with_mass).squeeze(-1)
@@ -75,7 +75,7 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()  # updated in place by every forward
-    cache_arg = {_cache_keyword(model): cache}
+    cache_arg = {cache_keyword(model): cache}
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
                 **cache_arg)
     logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)
