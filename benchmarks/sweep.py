@@ -1,7 +1,7 @@
 """Measured sweeps for the learning issue: does AT-GRPO lift an SmolLM2 team on Plan-Path?
 
     .venv/bin/python benchmarks/sweep.py base  --out sweeps/base.jsonl  [--only NAME ...]
-    .venv/bin/python benchmarks/sweep.py train --out sweeps/train.jsonl [--only NAME ...]
+    .venv/bin/python benchmarks/sweep.py train --out sweeps/train.jsonl [--only NAME ...] [--train-set K=V ...]
 
 `base`: the untrained team, S sampled trajectories per held-out problem at the roles' own
 settings, for each setting (temperature, dtype, prompt): where is success small but non-zero?
@@ -66,7 +66,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--problems", type=int, default=16)
+    parser.add_argument("--train-set", nargs="*", default=[], help="overrides after the TRAIN defaults (key=value)")
     args = parser.parse_args()
+    train_overrides = TRAIN + args.train_set
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log = args.out.with_suffix(".log")
     runs_dir = f"tracking.runs_dir={args.out.parent / 'runs'}"
@@ -78,7 +80,7 @@ def main() -> None:
         row = {"setting": name, "overrides": overrides, "episodes": args.samples * args.problems}
         row["untrained"] = sampled_eval(args.task, overrides, args, log)
         if args.stage == "train":
-            summary = mas_lab("run", args.task, *sets(overrides + TRAIN), log=log)
+            summary = mas_lab("run", args.task, *sets(overrides + train_overrides), log=log)
             run_dir = ROOT / summary["run_dir"]
             final = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
             row["trained"] = sampled_eval(args.task, overrides, args, log, final)
@@ -87,7 +89,7 @@ def main() -> None:
             metrics = RunStore(run_dir / "run.db", create=False).metrics()
             train = [m for m in metrics.values() if "time/step" in m]
             row.update({
-                "train_overrides": TRAIN, "run_dir": summary["run_dir"],
+                "train_overrides": train_overrides, "run_dir": summary["run_dir"],
                 "greedy_eval": {s: round(m["eval/success_rate"], 3) for s, m in metrics.items() if "eval/success_rate" in m},
                 "train_success": [round(m["success_rate"], 3) for m in train],
                 "train_reward": [round(m["reward/mean"], 3) for m in train],
