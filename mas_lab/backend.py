@@ -91,14 +91,14 @@ class Backend:
     def __init__(self, task: TaskConfig, use_ray: bool = True):
         self.task = task
         self.use_ray = use_ray
-        self.workers: dict[str, object] = {}  # host -> RolloutWorker
+        self.workers: dict[str, list] = {}  # host -> its RolloutWorkers (resources.rollout_workers)
         self.learners: dict[str, object] = {}  # host -> Learner
         self.host_of: dict[str, str] = {}
         threads = task.resources.torch_threads
         if use_ray:
             import ray
 
-            per_host = task.resources.rollout_cpus + task.resources.learner_cpus
+            per_host = task.resources.rollout_cpus * task.resources.rollout_workers + task.resources.learner_cpus
             start_ray(task.resources.ray_address, per_host * len(hosts_of(task)))
             worker_cls = ray.remote(num_cpus=task.resources.rollout_cpus)(RolloutWorker)
             learner_cls = ray.remote(num_cpus=task.resources.learner_cpus)(Learner)
@@ -110,7 +110,8 @@ class Backend:
             specs = {n: task.policies[n].lora for n in names}
             adapters = {n: s for n, s in specs.items() if s}
             init_from = {n: task.policies[n].init_from for n in names if task.policies[n].init_from}
-            self.workers[host] = self._new(worker_cls, folder, first.dtype, threads, adapters or None)
+            self.workers[host] = [self._new(worker_cls, folder, first.dtype, threads, adapters or None)
+                                  for _ in range(task.resources.rollout_workers)]
             self.learners[host] = self._new(learner_cls, folder, task.algorithm, first.dtype, threads, task.train.seed,
                                             specs, init_from)
             self.host_of.update({n: host for n in names})
@@ -127,14 +128,15 @@ class Backend:
         timeout = float(os.environ.get("MAS_LAB_ACTOR_TIMEOUT_S", "600"))
         ready, pending = ray.wait(handles, num_returns=len(handles), timeout=timeout)
         if pending:
-            needed = (task.resources.rollout_cpus + task.resources.learner_cpus) * len(self.workers)
+            res = task.resources
+            needed = (res.rollout_cpus * res.rollout_workers + res.learner_cpus) * len(self.workers)
             have = ray.cluster_resources().get("CPU", 0)
             raise RuntimeError(f"{len(pending)} of {len(handles)} actors were not placed within {timeout:.0f} s: "
                                f"they ask for {needed:g} CPUs, the Ray cluster has {have:g}")
         ray.get(ready)
 
     def _actors(self) -> list:
-        return [*self.workers.values(), *self.learners.values()]
+        return [*(w for workers in self.workers.values() for w in workers), *self.learners.values()]
 
     @staticmethod
     def _new(cls, *args):
@@ -154,8 +156,14 @@ class Backend:
 
     def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
                  seed: int) -> list[list[Generation]]:
-        worker = self.workers[self.host_of[policy]]
-        return self._wait([self._call(worker, "generate", policy, prompts, n, sampling, seed)])[0]
+        """The prompts in contiguous slices, one per rollout worker, gathered in order; each slice
+        says where it starts, so every candidate is seeded as if one worker had all the prompts."""
+        workers = self.workers[self.host_of[policy]]
+        size = -(-len(prompts) // len(workers))  # ceil
+        starts = range(0, len(prompts), max(size, 1))
+        handles = [self._call(w, "generate", policy, prompts[s : s + size], n, sampling, seed, s)
+                   for w, s in zip(workers, starts)]
+        return [row for part in self._wait(handles) for row in part]
 
     def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:
         """Update every policy on its own samples; hosts update in parallel under Ray."""
@@ -167,12 +175,13 @@ class Backend:
         return {policy: metrics for result in results for policy, metrics in result.items()}
 
     def sync_weights(self, version: int) -> float:
-        """Push each policy's weights (or adapter) to its rollout worker; returns the seconds."""
+        """Push each policy's weights (or adapter) to its rollout workers; returns the seconds.
+        Under Ray the learner's result is one object in the object store that every worker reads."""
         started = time.perf_counter()
         handles = []
         for policy, host in self.host_of.items():
             weights = self._call(self.learners[host], "weights", policy)  # an ObjectRef under Ray
-            handles.append(self._call(self.workers[host], "load_weights", policy, weights, version))
+            handles += [self._call(w, "load_weights", policy, weights, version) for w in self.workers[host]]
         self._wait(handles)
         return time.perf_counter() - started
 

@@ -126,6 +126,9 @@ class Resources(_Strict):
                                        "--head` prints) instead of starting a local one")
     connect_timeout_s: float = Field(10.0, gt=0.0, description="how long to try to reach `ray_address` before failing")
     rollout_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker")
+    rollout_workers: int = Field(1, ge=1, description="rollout workers per base model; each (turn, agent) call "
+                                 "splits its prompts across them in order, with the same candidates as one worker "
+                                 "(per-candidate seeds)")
     learner_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per learner")
     torch_threads: int = Field(0, ge=0, description="threads per actor; 0 means every core of the machine")
     actor_restarts: int = Field(2, ge=0, description="when a Ray actor dies, restart the actors from the last "

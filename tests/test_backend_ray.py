@@ -33,13 +33,13 @@ def test_update_then_sync_changes_what_the_worker_generates(ray_backend):
 
     task, backend = ray_backend
     host = backend.host_of["shared"]
-    before = ray.get(backend.workers[host].stats.remote())
+    before = ray.get(backend.workers[host][0].stats.remote())
     samples = [Sample([2, 10, 11, 3], [71, 71, 3], a) for a in (1.0, -1.0, 0.5)]
     result = backend.update({"shared": samples})["shared"]
     assert result["samples"] == 3 and result["tokens"] == 9.0 and result["grad_norm"] > 0
     assert backend.sync_weights(1) >= 0.0
     learner = ray.get(backend.learners[host].weights.remote("shared"))
-    worker = ray.get(backend.workers[host].load_weights.remote("shared", learner, 2))
+    worker = ray.get(backend.workers[host][0].load_weights.remote("shared", learner, 2))
     assert worker == 2 and before["generated_tokens"] > 0
     assert all(torch.isfinite(v).all() for v in learner.values())
 

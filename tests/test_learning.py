@@ -57,7 +57,7 @@ def test_one_policys_update_never_changes_anothers_weights(lora):
         assert same(base_after, base_before)
     backend.sync_weights(1)
     for policy in ("p_first", "p_second"):
-        worker = backend.workers[backend.host_of[policy]].engine
+        worker = backend.workers[backend.host_of[policy]][0].engine
         if lora:
             from mas_lab import lora as lora_module
 

@@ -13,8 +13,9 @@ class RolloutWorker:
         self.version = 0
 
     def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
-                 seed: int) -> list[list[Generation]]:
-        return self.engine.generate(policy, prompts, n, sampling, seed)
+                 seed: int, first_index: int = 0) -> list[list[Generation]]:
+        """`first_index`: where these prompts start in the call's whole list (a slice of it)."""
+        return self.engine.generate(policy, prompts, n, sampling, seed, first_index)
 
     def load_weights(self, policy: str, state, version: int) -> int:
         """Receive a learner's new weights or adapter (weight sync after each step)."""
