@@ -38,6 +38,12 @@ class PolicyBackend(Protocol):
 
     def load_policies(self, folder: Path, version: int, optimizer: bool = True) -> None: ...
 
+    def placement(self) -> dict[str, str]:
+        """Actor -> the node it runs on: `rollout <host>#<i>` and `learner <host>`."""
+        names = [f"rollout {host}#{i}" for host, workers in self.workers.items() for i in range(len(workers))]
+        names += [f"learner {host}" for host in self.learners]
+        return dict(zip(names, self._wait([self._call(a, "node") for a in self._actors()])))
+
     def alive(self) -> bool: ...
 
     def shutdown(self) -> None: ...
@@ -62,6 +68,11 @@ def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
     """Join `address`, or start a local Ray instance. Locally the logical CPUs are at least what
     the actors ask for: rollout and learner phases alternate, so sharing cores is intended (with
     only os.cpu_count() logical CPUs, per-role full models would wait forever to be scheduled)."""
+    if address:
+        # Ray 2.60 clusters started with `ray start` use token auth; the client must ask for it
+        # to read the cluster's token (~/.ray), or every call fails with InvalidAuthToken. Ray
+        # reads this when it is first imported, so it is set before the import.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     if ray.is_initialized():
@@ -69,13 +80,11 @@ def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if address:
-        # Ray 2.60 clusters started with `ray start` use token auth; the client must ask for it
-        # to read the cluster's token (~/.ray), or every call fails with InvalidAuthToken.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     else:
         cpus = max(os.cpu_count() or 1, int(-(-cpus_needed // 1)))
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # address="local": a new instance even when a cluster from `ray start` runs on this machine
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
 def hosts_of(task: TaskConfig) -> dict[str, list[str]]:
@@ -96,11 +105,13 @@ class Backend:
         self.host_of: dict[str, str] = {}
         threads = task.resources.torch_threads
         if use_ray:
+            per_host = task.resources.rollout_cpus * task.resources.rollout_workers + task.resources.learner_cpus
+            start_ray(task.resources.ray_address, per_host * len(hosts_of(task)))  # imports ray after its auth setting
             import ray
 
-            per_host = task.resources.rollout_cpus * task.resources.rollout_workers + task.resources.learner_cpus
-            start_ray(task.resources.ray_address, per_host * len(hosts_of(task)))
-            worker_cls = ray.remote(num_cpus=task.resources.rollout_cpus)(RolloutWorker)
+            # several rollout workers go to different nodes where the cluster has them
+            spread = {"scheduling_strategy": "SPREAD"} if task.resources.rollout_workers > 1 else {}
+            worker_cls = ray.remote(num_cpus=task.resources.rollout_cpus, **spread)(RolloutWorker)
             learner_cls = ray.remote(num_cpus=task.resources.learner_cpus)(Learner)
         else:
             worker_cls, learner_cls = RolloutWorker, Learner
@@ -193,6 +204,12 @@ class Backend:
         """Load every policy from a checkpoint, then push the weights to the rollout workers."""
         self._wait([self._call(self.learners[h], "load", p, str(folder / p), optimizer) for p, h in self.host_of.items()])
         self.sync_weights(version)
+
+    def placement(self) -> dict[str, str]:
+        """Actor -> the node it runs on: `rollout <host>#<i>` and `learner <host>`."""
+        names = [f"rollout {host}#{i}" for host, workers in self.workers.items() for i in range(len(workers))]
+        names += [f"learner {host}" for host in self.learners]
+        return dict(zip(names, self._wait([self._call(a, "node") for a in self._actors()])))
 
     def alive(self) -> bool:
         """Whether every actor answers (checked while a run is paused)."""

@@ -218,6 +218,7 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
                     state = controller.restore(run.resume_from)
                     run.store.event(state["step"], "resume", f"resumed from {run.resume_from.name}")
                     tell(ProgressEvent(f"resumed from {run.resume_from.name}", state["step"]))
+                run.store.event(controller.step, "placement", "actors on nodes: " + json.dumps(backend.placement()))
                 _stop_on_signals(controller, on_signal)
                 summary = controller.run(progress)
                 break

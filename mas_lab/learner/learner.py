@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from mas_lab import lora
+from mas_lab.actors import node_id
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.samples import Sample
@@ -278,6 +279,9 @@ class Learner:
 
     def ready(self) -> bool:
         return True
+
+    def node(self) -> str:
+        return node_id()
 
 
 class _Mismatch:

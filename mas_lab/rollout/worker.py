@@ -1,6 +1,7 @@
 """RolloutWorker: serves one policy's generations; a plain class that Ray wraps as an actor."""
 from __future__ import annotations
 
+from mas_lab.actors import node_id
 from mas_lab.config import Lora, Sampling
 from mas_lab.rollout.engine import Generation, HFEngine
 
@@ -28,3 +29,6 @@ class RolloutWorker:
 
     def ready(self) -> bool:
         return True
+
+    def node(self) -> str:
+        return node_id()
