@@ -38,11 +38,7 @@ class PolicyBackend(Protocol):
 
     def load_policies(self, folder: Path, version: int, optimizer: bool = True) -> None: ...
 
-    def placement(self) -> dict[str, str]:
-        """Actor -> the node it runs on: `rollout <host>#<i>` and `learner <host>`."""
-        names = [f"rollout {host}#{i}" for host, workers in self.workers.items() for i in range(len(workers))]
-        names += [f"learner {host}" for host in self.learners]
-        return dict(zip(names, self._wait([self._call(a, "node") for a in self._actors()])))
+    def placement(self) -> dict[str, str]: ...
 
     def alive(self) -> bool: ...
 

@@ -45,6 +45,9 @@ class FakeBackend:
     def alive(self):
         return True
 
+    def placement(self):
+        return {"rollout fake#0": "local", "learner fake": "local"}
+
     def save_policies(self, folder):
         folder.mkdir(parents=True, exist_ok=True)
 

@@ -30,4 +30,4 @@ def test_the_fake_backend_implements_the_backend_interface():
 
     assert isinstance(FakeBackend(FakeEngine()), PolicyBackend)
     assert all(callable(getattr(Backend, name)) for name in ("generate", "update", "sync_weights", "save_policies",
-                                                            "load_policies", "alive", "shutdown"))
+                                                            "load_policies", "placement", "alive", "shutdown"))
