@@ -294,3 +294,19 @@ def test_header_and_footer_fit_a_100_column_terminal(finished):
             assert all(len(line) <= 98 for line in header.splitlines())
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "sample_runs").iterdir() if (p / "run.db").is_file()))
+def test_every_sample_run_opens_in_replay_from_a_copy(name, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / name
+    shutil.copytree(ROOT / "sample_runs" / name, run_dir)
+
+    async def go():
+        app = MasLabApp(run_dir, "replay")
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert text(app, "#where").startswith("step ") and "candidate" in text(app, "#candidates")
+
+    asyncio.run(go())
