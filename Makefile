@@ -17,7 +17,7 @@ $(BIN)/mas-lab: pyproject.toml
 venv: $(BIN)/mas-lab
 
 run: venv
-	$(BIN)/mas-lab run tasks/plan_path.yaml
+	$(BIN)/mas-lab run tasks/plan_path_learns.yaml
 
 test: venv
 	$(BIN)/python -m pytest -q
