@@ -20,7 +20,7 @@ from mas_lab.actors import node_id
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.samples import Sample
-from mas_lab.rollout.decode import cache_keyword
+from mas_lab.rollout.decode import cache_keyword, left_pad
 from mas_lab.rollout.engine import set_threads
 
 
@@ -70,13 +70,8 @@ class Learner:
         its prompt; per response token: loss mask, temperature, sampler log-prob (NaN if unknown)."""
         rows: dict[tuple[int, ...], int] = {}
         which = [rows.setdefault(tuple(s.prompt_ids), len(rows)) for s in samples]
-        prompts = list(rows)
-        p_width, r_width = max(map(len, prompts)), max(max(len(s.response_ids) for s in samples), 1)
-        prompt_ids = torch.zeros(len(prompts), p_width, dtype=torch.long)
-        prompt_mask = torch.zeros(len(prompts), p_width, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            prompt_ids[row, p_width - len(prompt):] = torch.tensor(prompt)
-            prompt_mask[row, p_width - len(prompt):] = 1
+        prompt_ids, prompt_mask, prompt_positions = left_pad(list(rows), pad_id=0)
+        r_width = max(max(len(s.response_ids) for s in samples), 1)
         response_ids = torch.zeros(len(samples), r_width, dtype=torch.long)
         mask = torch.zeros(len(samples), r_width)
         temperature = torch.ones(len(samples), r_width)
@@ -89,7 +84,8 @@ class Learner:
             if len(s.sampler_logprobs) == n and n:
                 sampler[row, :n] = torch.tensor(s.sampler_logprobs)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        return Batch(prompt_ids, prompt_mask, torch.tensor(which), response_ids, mask, advantages, temperature, sampler)
+        return Batch(prompt_ids, prompt_mask, prompt_positions, torch.tensor(which), response_ids, mask, advantages,
+                     temperature, sampler)
 
     def _micro_batches(self, samples: list[Sample]) -> list["Batch"]:
         """Samples in micro-batches of at most `micro_batch`, the K candidates of one prompt kept
@@ -123,10 +119,10 @@ class Learner:
 
         decoder = self.model.get_decoder()
         cache = DynamicCache()
+        cache_arg = {cache_keyword(decoder): cache}
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            positions = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
-            prompt = decoder(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=positions,
-                             use_cache=True, **{cache_keyword(decoder): cache}).last_hidden_state
+            prompt = decoder(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask,
+                             position_ids=batch.prompt_positions, use_cache=True, **cache_arg).last_hidden_state
             cache.batch_select_indices(batch.which)  # each candidate attends to its own prompt's keys/values
             lengths = batch.prompt_mask.sum(-1)[batch.which]
             width = batch.response_ids.shape[1]
@@ -134,7 +130,7 @@ class Learner:
             attention = torch.cat([batch.prompt_mask[batch.which], torch.ones_like(batch.response_ids)], dim=1)
             response = decoder(input_ids=batch.response_ids, attention_mask=attention,
                                position_ids=lengths.unsqueeze(1) + torch.arange(width), use_cache=True,
-                               **{cache_keyword(decoder): cache}).last_hidden_state
+                               **cache_arg).last_hidden_state
             hidden = torch.cat([prompt[batch.which, -1:], response[:, :-1]], dim=1)
             where = batch.mask.bool()
             logits = self.model.get_output_embeddings()(hidden[where]).float()
@@ -308,12 +304,13 @@ class _Mismatch:
 
 @dataclass
 class Batch:
-    """A micro-batch: distinct prompts ([P, prompt width], left-padded), `which` prompt row each
-    sample continues ([B]), responses ([B, response width], right-padded) with their loss mask,
+    """A micro-batch: distinct prompts ([P, prompt width], left-padded, with position ids),
+    `which` prompt row each sample continues ([B]), responses ([B, response width], right-padded) with their loss mask,
     per-token temperature and sampler log-prob (NaN where unknown), and the advantages ([B])."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
+    prompt_positions: torch.Tensor
     which: torch.Tensor
     response_ids: torch.Tensor
     mask: torch.Tensor

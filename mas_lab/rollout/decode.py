@@ -16,6 +16,8 @@ log-prob, as in TRL and verl) and that distribution's entropy.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +39,22 @@ def row_seed(seed: int, prompt_index: int, candidate: int, n: int) -> int:
 
 def cache_keyword(model) -> str:
     """`cache` in recent transformers, `past_key_values` before (and still accepted, deprecated)."""
-    import inspect
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return _cache_keyword_of(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids left-padded to one width, their attention mask, and position ids that start at 0
+    on each sequence's first real token (the prompt side of the sampling loop and of the learner)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in sequences])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -70,10 +84,7 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
     from transformers import DynamicCache
 
     greedy = temperature == 0.0
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    ids, attention, positions = left_pad(prompts, pad_id)
     cache = DynamicCache()  # updated in place by every forward
     cache_arg = {cache_keyword(model): cache}
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
