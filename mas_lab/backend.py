@@ -87,7 +87,7 @@ def hosts_of(task: TaskConfig) -> dict[str, list[str]]:
     """Group policies into hosts: LoRA policies on the same base share one; full ones stand alone."""
     hosts: dict[str, list[str]] = {}
     for name, policy in task.policies.items():
-        key = f"lora:{policy.model}:{policy.dtype}" if policy.lora else f"full:{name}"
+        key = f"lora:{policy.model}:{policy.dtype}:{policy.engine}" if policy.lora else f"full:{name}"
         hosts.setdefault(key, []).append(name)
     return hosts
 
@@ -106,9 +106,10 @@ class Backend:
             import ray
 
             # several rollout workers go to different nodes where the cluster has them
-            spread = {"scheduling_strategy": "SPREAD"} if task.resources.rollout_workers > 1 else {}
-            worker_cls = ray.remote(num_cpus=task.resources.rollout_cpus, **spread)(RolloutWorker)
-            learner_cls = ray.remote(num_cpus=task.resources.learner_cpus)(Learner)
+            res = task.resources
+            spread = {"scheduling_strategy": "SPREAD"} if res.rollout_workers > 1 else {}
+            worker_cls = ray.remote(num_cpus=res.rollout_cpus, num_gpus=res.rollout_gpus, **spread)(RolloutWorker)
+            learner_cls = ray.remote(num_cpus=res.learner_cpus, num_gpus=res.learner_gpus)(Learner)
         else:
             worker_cls, learner_cls = RolloutWorker, Learner
         for host, names in hosts_of(task).items():
@@ -117,10 +118,13 @@ class Backend:
             specs = {n: task.policies[n].lora for n in names}
             adapters = {n: s for n, s in specs.items() if s}
             init_from = {n: task.policies[n].init_from for n in names if task.policies[n].init_from}
-            self.workers[host] = [self._new(worker_cls, folder, first.dtype, threads, adapters or None)
+            rollout_device = "cuda" if task.resources.rollout_gpus > 0 else "cpu"
+            learner_device = "cuda" if task.resources.learner_gpus > 0 else "cpu"
+            self.workers[host] = [self._new(worker_cls, folder, first.dtype, threads, adapters or None, first.engine,
+                                            first.vllm, task.train.seed, rollout_device)
                                   for _ in range(task.resources.rollout_workers)]
             self.learners[host] = self._new(learner_cls, folder, task.algorithm, first.dtype, threads, task.train.seed,
-                                            specs, init_from)
+                                            specs, init_from, learner_device)
             self.host_of.update({n: host for n in names})
         self._ready(task)
         self.sync_weights(0)  # adapters start random in each process; init_from weights too
@@ -178,6 +182,7 @@ class Backend:
         for policy, batch in samples.items():
             by_host.setdefault(self.host_of[policy], {})[policy] = batch
         hosts = list(by_host)
+        self._wait([self._call(w, "sleep") for workers in self.workers.values() for w in workers])  # vllm.sleep
         results = self._wait([self._call(self.learners[h], "update", by_host[h]) for h in hosts])
         return {policy: metrics for result in results for policy, metrics in result.items()}
 

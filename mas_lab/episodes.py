@@ -170,6 +170,7 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
                 reward=spec.alpha * result.team + result.local, team=result.team, local=result.local,
                 components=dict(result.components), info=result.info, state_after=branches[j].render(),
                 logprobs=gen.logprobs, temperature=sampling.temperature, entropy=gen.entropy, truncated=gen.truncated,
+                version=gen.version,
             ))
         chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
         candidates[chosen].chosen = True

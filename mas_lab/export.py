@@ -62,7 +62,7 @@ def _schema():
         ("episode_success", pa.bool_()), ("turn", integer), ("role", text), ("policy", text), ("system", text),
         ("observation", text), ("candidate", integer), ("response", text), ("prompt_tokens", integer),
         ("response_tokens", integer), ("reward", real), ("team", real), ("local", real), ("components", text),
-        ("advantage", real), ("chosen", pa.bool_()), ("info", text), ("logprobs", pa.list_(pa.float32())),
+        ("advantage", real), ("chosen", pa.bool_()), ("info", text), ("logprobs", pa.list_(pa.float32())), ("policy_version", integer),
         ("messages", pa.list_(pa.struct([("role", text), ("content", text)]))),
     ])
 

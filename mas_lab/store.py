@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE TABLE IF NOT EXISTS candidates (
     id INTEGER PRIMARY KEY, turn_id INTEGER, idx INTEGER, prompt_hash TEXT, response TEXT,
     prompt_tokens INTEGER, response_tokens INTEGER, reward REAL, team REAL, local REAL,
-    components TEXT, advantage REAL, chosen INTEGER, info TEXT, state_after TEXT, logprobs BLOB);
+    components TEXT, advantage REAL, chosen INTEGER, info TEXT, state_after TEXT, logprobs BLOB,
+    policy_version INTEGER);
 CREATE TABLE IF NOT EXISTS groups (
     step INTEGER, problem_id TEXT, role TEXT, turn INTEGER, n INTEGER, reward_mean REAL,
     reward_std REAL, reward_min REAL, reward_max REAL, adv_min REAL, adv_max REAL,
@@ -43,9 +44,10 @@ CREATE INDEX IF NOT EXISTS groups_step ON groups (step);
 
 
 # PRAGMA user_version. 0: before versioning; 2: candidates.logprobs (the sampler's per-token
-# log-probs, float32) and turns.system (the role's system prompt). Older stores are upgraded
+# log-probs, float32) and turns.system (the role's system prompt); 3: candidates.policy_version
+# (the weight version of the policy that generated the candidate). Older stores are upgraded
 # when opened for writing.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def decode_logprobs(blob: bytes | None) -> list[float]:
@@ -75,7 +77,8 @@ class RunStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a committed step survives a power loss
         self.db.executescript(SCHEMA)
-        for table, column, kind in (("candidates", "logprobs", "BLOB"), ("turns", "system", "TEXT")):
+        for table, column, kind in (("candidates", "logprobs", "BLOB"), ("turns", "system", "TEXT"),
+                                    ("candidates", "policy_version", "INTEGER")):
             if column not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -187,11 +190,12 @@ class RunStore:
             turn_id = cur.lastrowid
             self.db.executemany(
                 "INSERT INTO candidates (turn_id, idx, prompt_hash, response, prompt_tokens, response_tokens, reward, team,"
-                " local, components, advantage, chosen, info, state_after, logprobs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " local, components, advantage, chosen, info, state_after, logprobs, policy_version)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (turn_id, c.index, c.prompt_hash, c.response, len(c.prompt_ids), len(c.response_ids), c.reward,
                      c.team, c.local, json.dumps(c.components), c.advantage, int(c.chosen), c.info, c.state_after,
-                     array.array("f", c.logprobs).tobytes() if c.logprobs else None)
+                     array.array("f", c.logprobs).tobytes() if c.logprobs else None, c.version)
                     for c in turn.candidates
                 ],
             )
@@ -323,16 +327,17 @@ class RunStore:
     def candidate_records(self, kind: str = "train", first_step: int | None = None, last_step: int | None = None,
                           chosen_only: bool = False) -> Iterator[dict[str, Any]]:
         """Every stored candidate with its episode and turn, step by step (one query, streamed):
-        for export. Columns of stores from before schema 2 (logprobs, system) come back empty."""
+        for export. Columns of older stores (schema 2: logprobs, system; 3: policy_version) come back empty."""
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(turns)")}
         system_column = "t.system" if "system" in columns else "NULL"
         candidate_columns = {row[1] for row in self.db.execute("PRAGMA table_info(candidates)")}
         logprob_column = "c.logprobs" if "logprobs" in candidate_columns else "NULL"
+        version_column = "c.policy_version" if "policy_version" in candidate_columns else "NULL"
         query = (
             f"SELECT e.step, e.kind, e.idx AS episode, e.problem_id, e.problem, e.success AS episode_success, t.turn,"
             f" t.role, t.policy, {system_column} AS system, t.observation, c.idx AS candidate, c.response, c.prompt_tokens,"
             f" c.response_tokens, c.reward, c.team, c.local, c.components, c.advantage, c.chosen, c.info,"
-            f" {logprob_column} AS logprobs FROM candidates c JOIN turns t ON c.turn_id = t.id"
+            f" {logprob_column} AS logprobs, {version_column} AS policy_version FROM candidates c JOIN turns t ON c.turn_id = t.id"
             f" JOIN episodes e ON t.episode_id = e.id WHERE e.kind = ? AND e.step BETWEEN ? AND ?"
             + (" AND c.chosen = 1" if chosen_only else "") + " ORDER BY e.step, e.idx, t.id, c.idx"
         )

@@ -42,7 +42,17 @@ CASES = [
     ("roles do not match env", lambda d: d["roles"].reverse(), "field 'roles': environment 'toy' has roles ['first', 'second']"),
     ("bad filter", lambda d: d["algorithm"].update(filter="lowest_half"), "field 'algorithm.filter': Input should be 'none' or 'zero_std'"),
     ("top level unknown", lambda d: d.update(trainer={}), "field 'trainer': unknown key; allowed: ['algorithm', 'checkpoint', 'env'"),
+    ("unknown engine", lambda d: d["policies"]["shared"].update(engine="sglang"), "field 'policies.shared.engine': Input should be 'hf' or 'vllm'"),
+    ("tis cap below one", lambda d: d["algorithm"].update(tis_cap=0.5), "field 'algorithm.tis_cap': must be at least 1"),
 ]
+try:
+    import vllm  # noqa: F401
+except ImportError:  # the default environment: a task asking for vLLM says how to get it
+    CASES.append(("vllm not installed", lambda d: d["policies"]["shared"].update(engine="vllm"),
+                  "field 'policies.shared.engine': 'vllm' needs the vllm package in this environment"))
+else:
+    CASES.append(("vllm lora with modules_to_save", lambda d: d["policies"]["shared"].update(
+        engine="vllm", lora={"modules_to_save": ["lm_head"]}), "vLLM serves LoRA adapters without fully trained modules"))
 
 
 @pytest.mark.parametrize("case,mutate,message", CASES, ids=[c[0] for c in CASES])

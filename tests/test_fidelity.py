@@ -128,3 +128,31 @@ def test_ratio_statistics_with_several_epochs():
     samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7) for i, g in enumerate(generations)]
     out = learner.update({"shared": samples})["shared"]
     assert out["ratio_min"] < 1.0 < out["ratio_max"]  # the second epoch sees the moved policy
+
+
+def test_truncated_importance_sampling_weights_each_token_by_the_capped_ratio():
+    from mas_lab.algo.loss import clipped_policy_loss
+    from mas_lab.learner.learner import truncated_is_weights
+
+    logp_old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    sampler = torch.log(torch.tensor([[0.25, 0.4, float("nan")]]))  # ratio 2, 0.5, unknown
+    weights = truncated_is_weights(logp_old, sampler, cap=1.5)
+    assert torch.allclose(weights, torch.tensor([[1.5, 0.5, 1.0]]))  # capped, kept, 1 where unknown
+    logp = logp_old.clone().requires_grad_(True)
+    mask, adv = torch.ones(1, 3), torch.tensor([1.0])
+    plain, _ = clipped_policy_loss(logp, logp_old, adv, mask)
+    weighted, _ = clipped_policy_loss(logp, logp_old, adv, mask, is_weights=weights)
+    assert torch.allclose(weighted, plain * weights.mean())  # ratio 1 at logp_old: per-token loss -A, then weighted
+    (grad,) = torch.autograd.grad(weighted, logp)
+    assert torch.allclose(grad, -weights / 3)
+
+
+def test_the_learner_applies_and_reports_truncated_importance_sampling():
+    generations, learner = sampled(1.0, 1.0)
+    shifted = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 1.0, tuple(lp - 0.5 for lp in g.logprobs))
+               for i, g in enumerate(generations)]  # a sampler that put less mass on its tokens: ratio e^0.5 > cap
+    learner.algo = Algorithm(tis_cap=1.2, lr=1e-9)
+    result = learner.update({"shared": shifted})["shared"]
+    assert abs(result["tis_weight_mean"] - 1.2) < 1e-4 and result["tis_capped_frac"] == 1.0
+    learner.algo = Algorithm(lr=1e-9)
+    assert "tis_weight_mean" not in learner.update({"shared": shifted})["shared"]

@@ -60,3 +60,23 @@ def test_two_ray_workers_both_receive_every_weight_sync():
         assert ray.get([w.stats.remote() for w in workers])[1]["generated_tokens"] > 0
     finally:
         backend.shutdown()
+
+
+def test_every_candidate_carries_the_weight_version_that_generated_it(tmp_path):
+    from mas_lab.controller import Controller
+    from mas_lab.store import RunStore
+
+    task = toy(2)
+    backend = Backend(task, use_ray=False)
+    store = RunStore(tmp_path / "run.db")
+    try:
+        controller = Controller(task, backend, store)
+        for step in (1, 2, 3):
+            controller.train_step(step)
+    finally:
+        backend.shutdown()
+    rows = store.rows("SELECT DISTINCT e.step, c.policy_version FROM candidates c JOIN turns t ON c.turn_id = t.id"
+                      " JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' ORDER BY e.step")
+    assert [(r["step"], r["policy_version"]) for r in rows] == [(1, 0), (2, 1), (3, 2)]
+    exported = next(store.candidate_records(first_step=3))
+    assert exported["policy_version"] == 2

@@ -67,6 +67,7 @@ class Candidate:
     temperature: float = 1.0  # the distribution it was sampled from
     entropy: float | None = None  # mean entropy of that distribution over the response
     truncated: bool = False  # cut at max_new_tokens
+    version: int | None = None  # the weight version of the policy that generated it
 
     @property
     def key(self) -> GroupKey:

@@ -4,6 +4,10 @@ ratio = exp(logp - logp_old); per token: -min(ratio * A, clip(ratio, 1-eps_low, 
 with optional dual clip (Ye et al. 2020): for A < 0 the loss is capped at -c * A. The sample's
 advantage is broadcast to every response token; prompt and padding tokens have mask 0.
 Aggregation: token-mean over the whole batch, or seq-mean-token-mean.
+
+Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
+off-policy RL training"): the rollout engine samples from pi_sampler, whose numerics differ from
+the learner's pi_old; each token's loss is weighted by w = min(pi_old / pi_sampler, C), detached.
 """
 from __future__ import annotations
 
@@ -21,11 +25,13 @@ def clipped_policy_loss(
     dual_clip: float | None = None,
     agg: str = "token_mean",
     normalizer: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of a (micro-)batch. logp, logp_old, mask: [B, L]; advantages: [B].
 
     `normalizer` is the token count (token_mean) or sequence count (seq_mean_token_mean) of the
-    whole batch, so micro-batches accumulate to exactly the full-batch loss.
+    whole batch, so micro-batches accumulate to exactly the full-batch loss. `is_weights` ([B, L],
+    no gradient): per-token importance weights (truncated IS), 1 where omitted.
     """
     mask = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(1)
@@ -35,6 +41,8 @@ def clipped_policy_loss(
     per_token = -torch.minimum(unclipped, clipped)
     if dual_clip is not None:
         per_token = torch.where(adv < 0, torch.minimum(per_token, -dual_clip * adv), per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
     if agg == "token_mean":
         denominator = normalizer if normalizer is not None else mask.sum().clamp(min=1.0)
         loss = (per_token * mask).sum() / denominator

@@ -29,7 +29,8 @@ class Learner:
     per policy (each with its own optimizer, so an update touches only its adapter)."""
 
     def __init__(self, model_dir: str, algorithm: Algorithm, dtype: str = "float32", threads: int = 0, seed: int = 0,
-                 policies: dict[str, Lora | None] | None = None, init_from: dict[str, str] | None = None):
+                 policies: dict[str, Lora | None] | None = None, init_from: dict[str, str] | None = None,
+                 device: str = "cpu"):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
 
@@ -45,7 +46,8 @@ class Learner:
         if not self.adapters and len(policies) != 1:
             raise ValueError("a learner serves one full policy")
         # master weights stay float32; dtype bfloat16 means bf16 autocast for the forward/backward
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         self.model.config.use_cache = False
         if self.adapters:
             self.model = lora.attach(self.model, self.adapters)
@@ -85,7 +87,7 @@ class Learner:
                 sampler[row, :n] = torch.tensor(s.sampler_logprobs)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
         return Batch(prompt_ids, prompt_mask, prompt_positions, torch.tensor(which), response_ids, mask, advantages,
-                     temperature, sampler)
+                     temperature, sampler).to(self.device)
 
     def _micro_batches(self, samples: list[Sample]) -> list["Batch"]:
         """Samples in micro-batches of at most `micro_batch`, the K candidates of one prompt kept
@@ -120,7 +122,7 @@ class Learner:
         decoder = self.model.get_decoder()
         cache = DynamicCache()
         cache_arg = {cache_keyword(decoder): cache}
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             prompt = decoder(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask,
                              position_ids=batch.prompt_positions, use_cache=True, **cache_arg).last_hidden_state
             cache.batch_select_indices(batch.which)  # each candidate attends to its own prompt's keys/values
@@ -129,14 +131,14 @@ class Learner:
             # response padding comes after the real tokens, so causal attention keeps it out of them
             attention = torch.cat([batch.prompt_mask[batch.which], torch.ones_like(batch.response_ids)], dim=1)
             response = decoder(input_ids=batch.response_ids, attention_mask=attention,
-                               position_ids=lengths.unsqueeze(1) + torch.arange(width), use_cache=True,
+                               position_ids=lengths.unsqueeze(1) + torch.arange(width, device=self.device), use_cache=True,
                                **cache_arg).last_hidden_state
             hidden = torch.cat([prompt[batch.which, -1:], response[:, :-1]], dim=1)
             where = batch.mask.bool()
             logits = self.model.get_output_embeddings()(hidden[where]).float()
         logits = logits / batch.temperature[where].unsqueeze(-1)
         picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids[where].unsqueeze(-1)).squeeze(-1)
-        return torch.zeros(where.shape, dtype=picked.dtype).masked_scatter(where, picked)
+        return torch.zeros(where.shape, dtype=picked.dtype, device=self.device).masked_scatter(where, picked)
 
     def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:
         """Update each named policy on its own samples (routing by sigma happened upstream)."""
@@ -157,7 +159,7 @@ class Learner:
         algo = self.algo
         micro = self._micro_batches(samples)
         tokens = sum(float(m.mask.sum()) for m in micro)
-        mismatch = _Mismatch()
+        mismatch, tis = _Mismatch(), _TruncatedIS()
         normalizer = tokens if algo.loss_agg == "token_mean" else float(len(samples))
         old = None
         if algo.epochs > 1:
@@ -174,9 +176,14 @@ class Learner:
                 if epoch == 0:
                     mismatch.add(logp.detach(), batch.sampler, batch.mask)
                 logp_old = old[i] if old is not None else logp.detach()
+                weights = None
+                if algo.tis_cap is not None:
+                    weights = truncated_is_weights(logp_old, batch.sampler, algo.tis_cap)
+                    if epoch == 0:
+                        tis.add(weights, batch.sampler, batch.mask, algo.tis_cap)
                 loss, stats = clipped_policy_loss(
                     logp, logp_old, batch.advantages, batch.mask, eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high,
-                    dual_clip=algo.dual_clip, agg=algo.loss_agg, normalizer=normalizer,
+                    dual_clip=algo.dual_clip, agg=algo.loss_agg, normalizer=normalizer, is_weights=weights,
                 )
                 loss.backward()
                 epoch_loss += float(loss.detach())
@@ -196,6 +203,7 @@ class Learner:
             "tokens": tokens,
             "learner_s": time.perf_counter() - started,
             **mismatch.metrics(),
+            **tis.metrics(),
             **({"ratio_mean": ratio_sum / (tokens * algo.epochs), "ratio_min": ratio_min, "ratio_max": ratio_max}
                if tokens else {}),
             **({"kl_initial": kl_initial} if kl_initial is not None else {}),
@@ -227,7 +235,7 @@ class Learner:
         state dict, in the engine's dtype (bf16 halves what crosses the object store)."""
         dtype = torch.bfloat16 if self.autocast else None
         state = lora.adapter_state(self.model, name) if self.adapters else self.model.state_dict()
-        return {k: v.detach().to(dtype) if dtype else v.detach() for k, v in state.items()}
+        return {k: v.detach().to("cpu", dtype) for k, v in state.items()}
 
     def save(self, name: str, path: str) -> None:
         """Policy `name`'s weights or adapter (safetensors), its optimizer state, the torch RNG."""
@@ -263,7 +271,7 @@ class Learner:
                 raise FileNotFoundError(f"{path}: no model.safetensors (policy '{name}' is a full model)")
             load_model(self.model, os.path.join(path, "model.safetensors"))
         if optimizer:
-            state = torch.load(os.path.join(path, "learner.pt"), weights_only=True)
+            state = torch.load(os.path.join(path, "learner.pt"), weights_only=True, map_location=self.device)
             self.optimizers[name].load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
             self.version = state["version"]
@@ -302,6 +310,32 @@ class _Mismatch:
         return {"mismatch_abs": self.abs_sum / self.tokens, "mismatch_kl": self.kl_sum / self.tokens}
 
 
+def truncated_is_weights(logp_old: torch.Tensor, sampler: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(pi_old / pi_sampler, cap) per token (Yao et al. 2025), 1 where the sampler's log-prob is
+    unknown (greedy candidates, older stores)."""
+    known = ~torch.isnan(sampler)
+    ratio = torch.exp(logp_old.detach() - torch.where(known, sampler, logp_old.detach()))
+    return torch.clamp(ratio, max=cap)
+
+
+class _TruncatedIS:
+    """Mean truncated-IS weight and the share of tokens whose weight hit the cap."""
+
+    def __init__(self) -> None:
+        self.tokens, self.weight_sum, self.capped = 0, 0.0, 0
+
+    def add(self, weights: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, cap: float) -> None:
+        known = mask.bool() & ~torch.isnan(sampler)
+        self.tokens += int(known.sum())
+        self.weight_sum += float(weights[known].sum())
+        self.capped += int((weights[known] >= cap).sum())
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"tis_weight_mean": self.weight_sum / self.tokens, "tis_capped_frac": self.capped / self.tokens}
+
+
 @dataclass
 class Batch:
     """A micro-batch: distinct prompts ([P, prompt width], left-padded, with position ids),
@@ -317,3 +351,8 @@ class Batch:
     advantages: torch.Tensor
     temperature: torch.Tensor
     sampler: torch.Tensor
+
+    def to(self, device: torch.device) -> "Batch":
+        if device.type == "cpu":
+            return self
+        return Batch(**{name: value.to(device) for name, value in vars(self).items()})

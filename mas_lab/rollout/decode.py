@@ -84,12 +84,13 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
     from transformers import DynamicCache
 
     greedy = temperature == 0.0
-    ids, attention, positions = left_pad(prompts, pad_id)
+    device = next(model.parameters()).device  # the model's; sampling itself runs on the CPU
+    ids, attention, positions = (t.to(device) for t in left_pad(prompts, pad_id))
     cache = DynamicCache()  # updated in place by every forward
     cache_arg = {cache_keyword(model): cache}
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
                 **cache_arg)
-    logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)
+    logits = out.logits[:, -1].float().cpu().repeat_interleave(n, dim=0)
     cache.batch_repeat_interleave(n)
     attention = attention.repeat_interleave(n, dim=0)
     next_position = positions[:, -1].repeat_interleave(n) + 1
@@ -126,13 +127,13 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
         if not keep:
             break
         if len(keep) < len(live):  # finished rows leave the batch and take their cache with them
-            index = torch.tensor(keep)
+            index = torch.tensor(keep, device=device)
             cache.batch_select_indices(index)
-            attention, next_position, tokens = attention[index], next_position[index], tokens[index]
+            attention, next_position, tokens = attention[index], next_position[index], tokens[index.cpu()]
             live = [live[b] for b in keep]
-        attention = torch.cat([attention, torch.ones(len(live), 1, dtype=attention.dtype)], dim=1)
-        out = model(input_ids=tokens.unsqueeze(-1), attention_mask=attention, position_ids=next_position.unsqueeze(-1),
+        attention = torch.cat([attention, torch.ones(len(live), 1, dtype=attention.dtype, device=device)], dim=1)
+        out = model(input_ids=tokens.unsqueeze(-1).to(device), attention_mask=attention, position_ids=next_position.unsqueeze(-1),
                     use_cache=True, logits_to_keep=1, **cache_arg)
-        logits = out.logits[:, -1].float()
+        logits = out.logits[:, -1].float().cpu()
         next_position = next_position + 1
     return [results[p * n : (p + 1) * n] for p in range(len(prompts))]

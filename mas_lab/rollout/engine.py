@@ -27,6 +27,7 @@ class Generation:
     logprobs: list[float] = field(default_factory=list)
     entropy: float | None = None  # mean entropy of the sampled distribution over its tokens
     truncated: bool = False  # cut at max_new_tokens before any stop token
+    version: int = 0  # the weight version of the policy that generated it (set by the rollout worker)
 
 
 def set_threads(threads: int) -> None:
@@ -50,7 +51,8 @@ def stop_ids(tokenizer, model) -> set[int]:
 
 
 class HFEngine:
-    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None):
+    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None,
+                 device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging
 
@@ -61,7 +63,7 @@ class HFEngine:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
         self.adapters = adapters or {}
         if self.adapters:
             from mas_lab import lora
