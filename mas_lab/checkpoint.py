@@ -16,6 +16,7 @@ import pickle
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,9 +48,20 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save(run_dir: Path, step: int, state: dict, write_policies, keep_last: int) -> tuple[Path, float]:
-    """Write checkpoint `step`; `write_policies(tmp)` saves every policy under tmp/policies/<name>.
-    Returns the final folder and the seconds it took."""
+@dataclass
+class Pending:
+    """A checkpoint being assembled in its temporary folder (policies go to tmp/policies)."""
+
+    run_dir: Path
+    step: int
+    tmp: Path
+    final: Path
+    started: float
+
+
+def begin(run_dir: Path, step: int, state: dict) -> Pending:
+    """Start checkpoint `step`: its temporary folder with state.json and the driver's RNG states
+    as they are now (the policies are written next, possibly in the background)."""
     started = time.perf_counter()
     root = folder(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -57,22 +69,36 @@ def save(run_dir: Path, step: int, state: dict, write_policies, keep_last: int) 
     tmp = root / f".tmp-{PREFIX}{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    write_policies(tmp / "policies")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     with open(tmp / "driver_rng.pkl", "wb") as handle:
         pickle.dump({"python": random.getstate(), "numpy": np.random.get_state()}, handle)
+    return Pending(Path(run_dir), step, tmp, final, started)
+
+
+def finish(pending: Pending, keep_last: int) -> tuple[Path, float]:
+    """Seal a checkpoint whose files are all written: manifest (sizes, SHA-256) last, fsync, rename
+    into place, prune. Returns the final folder and the seconds since `begin`."""
+    tmp, final, root = pending.tmp, pending.final, pending.final.parent
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     manifest = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
     for p in files:
         _fsync(p)
-    (tmp / "manifest.json").write_text(json.dumps({"step": step, "files": manifest}, indent=1))
+    (tmp / "manifest.json").write_text(json.dumps({"step": pending.step, "files": manifest}, indent=1))
     _fsync(tmp / "manifest.json")
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync(root)
-    prune(run_dir, keep_last)
-    return final, time.perf_counter() - started
+    prune(pending.run_dir, keep_last)
+    return final, time.perf_counter() - pending.started
+
+
+def save(run_dir: Path, step: int, state: dict, write_policies, keep_last: int) -> tuple[Path, float]:
+    """Write checkpoint `step`; `write_policies(tmp)` saves every policy under tmp/policies/<name>.
+    Returns the final folder and the seconds it took."""
+    pending = begin(run_dir, step, state)
+    write_policies(pending.tmp / "policies")
+    return finish(pending, keep_last)
 
 
 def complete(run_dir: Path) -> list[Path]:

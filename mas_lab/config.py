@@ -188,6 +188,9 @@ class Checkpoint(_Strict):
 
     every: int = Field(1, ge=0, description="every N steps (0: only on pause, stop, signal and at the end)")
     keep_last: int = Field(2, ge=1, description="complete checkpoints kept; older ones are pruned")
+    background: bool = Field(False, description="copy the policies at the step boundary and write them while the "
+                             "next step runs (the checkpoint counts once sealed; a crash before that resumes from "
+                             "the one before); pause, stop and the end of a run always wait for it")
 
 
 class Env(_Strict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,7 @@ class Controller:
         self.step = 0  # the last finished step
         self.cursor = 0  # index of the next training problem
         self.last_checkpoint: int | None = None
+        self._pending: tuple[threading.Thread, int, dict] | None = None  # a checkpoint being written in the background
         self.paused = False
         self.stop_requested = False
 
@@ -227,7 +229,7 @@ class Controller:
             if step == train.steps or (every and step % every == 0):
                 self.checkpoint(step)
         if self.step >= train.steps:
-            self.checkpoint(self.step)  # no-op when that step is already checkpointed
+            self.checkpoint(self.step, wait=True)  # no-op when that step is already checkpointed
         tell(ProgressEvent("finished" if self.step >= train.steps else "stopped", self.step))
         return self.summary()
 
@@ -271,9 +273,10 @@ class Controller:
 
     def safe_point(self, tell) -> bool:
         """A step boundary: serve pause/resume/stop. Returns False when the run must stop."""
+        self._collect_checkpoint(wait=False)
         self._serve_requests()
         if self.paused and not self.stop_requested:
-            self.checkpoint(self.step)
+            self.checkpoint(self.step, wait=True)
             tell(ProgressEvent("paused", self.step))
             last_ping = 0.0
             while self.paused and not self.stop_requested:
@@ -284,19 +287,62 @@ class Controller:
                     self.control.publish(actors_alive=self.backend.alive())
                 tell(ProgressEvent("paused", self.step))
         if self.stop_requested:
-            self.checkpoint(self.step)
+            self.checkpoint(self.step, wait=True)
             self.store.event(self.step, "stop", f"stopped after step {self.step}")
             return False
         return True
 
-    def checkpoint(self, step: int) -> None:
-        """Write a checkpoint of the state after `step`, then feed MLflow up to `step`."""
+    def checkpoint(self, step: int, wait: bool = False) -> None:
+        """Write a checkpoint of the state after `step`, then feed MLflow up to `step`.
+
+        With `checkpoint.background`, the learners copy their policies now and write them while
+        the next step runs; the checkpoint is sealed (manifest, rename) when they are on disk and
+        counts from then on (a crash before that resumes from the one before). `wait`: return only
+        when it is complete (pause, stop, the end of the run)."""
         if self.run_dir is None or self.last_checkpoint == step:
             return
+        if self._pending is not None and self._pending[1] == step:
+            self._collect_checkpoint(wait=True)
+            return
+        self._collect_checkpoint(wait=True)  # one checkpoint in flight at a time
         state = {"step": step, "cursor": self.cursor, "mlflow_run_id": self.tracker.run_id if self.tracker else None,
                  "task": self.task.model_dump(mode="json"), "store": self.store.digest(step)}
-        path, seconds = checkpoint.save(self.run_dir, step, state, self.backend.save_policies,
-                                        self.task.checkpoint.keep_last)
+        keep_last = self.task.checkpoint.keep_last
+        if not self.task.checkpoint.background:
+            path, seconds = checkpoint.save(self.run_dir, step, state, self.backend.save_policies, keep_last)
+            self._checkpointed(step, path, seconds)
+            return
+        pending = checkpoint.begin(self.run_dir, step, state)
+        self.backend.save_policies(pending.tmp / "policies", background=True)
+        outcome: dict = {}
+
+        def seal() -> None:
+            try:
+                self.backend.wait_saves()
+                outcome["result"] = checkpoint.finish(pending, keep_last)
+            except BaseException as exc:  # raised on the run's thread by _collect_checkpoint
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=seal, name=f"checkpoint-{step}", daemon=True)
+        thread.start()
+        self._pending = (thread, step, outcome)
+        if wait:
+            self._collect_checkpoint(wait=True)
+
+    def _collect_checkpoint(self, wait: bool) -> None:
+        """Record a background checkpoint that is complete (or wait for it); raise its error."""
+        if self._pending is None:
+            return
+        thread, step, outcome = self._pending
+        if not wait and thread.is_alive():
+            return
+        thread.join()
+        self._pending = None
+        if "error" in outcome:
+            raise outcome["error"]
+        self._checkpointed(step, *outcome["result"])
+
+    def _checkpointed(self, step: int, path: Path, seconds: float) -> None:
         self.last_checkpoint = step
         self.store.event(step, "checkpoint", f"{path.name} written in {seconds:.2f}s")
         self.control.publish(last_checkpoint=step)

