@@ -189,7 +189,7 @@ def plot(results: list[dict], image: Path) -> None:
         left.plot(steps, values, marker="o", color=colour, alpha=0.8,
                   label=r["regime"] if r["seed"] == min(x["seed"] for x in results if x["regime"] == r["regime"]) else None)
         for key, series in data.items():
-            if key.startswith("reward/"):
+            if key.startswith("reward/") and key != "reward/mean":
                 steps, values = zip(*series)
                 role = key.split("/", 1)[1]
                 right.plot(steps, values, color=colour, alpha=0.6, linestyle="-" if role != "planner" else "--",
