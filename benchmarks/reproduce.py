@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from mas_lab.controller import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
@@ -101,15 +102,6 @@ def swap_eval(task: str, seed: int, run_dir: Path, folder: Path) -> dict | None:
 
 
 # --- the report ------------------------------------------------------------------------------------
-def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
     """eval success and reward per role against steps, from the run's store."""
     from mas_lab.store import RunStore
@@ -130,7 +122,7 @@ def cell(rates: list[tuple[float, int]]) -> dict:
     """Pooled success over seeds with its 95% Wilson interval, and the mean and spread over seeds."""
     successes = sum(rate * n for rate, n in rates)
     n = sum(n for _, n in rates)
-    low, high = wilson(successes, n)
+    low, high = wilson_interval(successes, n)
     per_seed = [rate for rate, _ in rates]
     return {"pooled": successes / n if n else 0.0, "low": low, "high": high, "n": n, "per_seed": per_seed,
             "mean": statistics.fmean(per_seed) if per_seed else 0.0,

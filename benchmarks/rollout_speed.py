@@ -54,6 +54,11 @@ def plain_generate(engine: HFEngine, prompts: list[list[int]], k: int, sampling,
     return tokens
 
 
+def first_observations(pool, role, problems: int) -> list[list[dict[str, str]]]:
+    """The role's first observation (with its system prompt) on the first `problems` training problems."""
+    return [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(problems)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("task")
@@ -77,8 +82,7 @@ def main() -> None:
     for dtype in args.dtype:
         engine = HFEngine(model_dir, dtype=dtype, threads=args.threads)
         for problems in args.problems:
-            messages = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt)
-                        for i in range(problems)]
+            messages = first_observations(pool, role, problems)
             encoded = [engine.encode(m) for m in messages]
             ours, plain = [], []
             for repeat in range(args.repeats + 1):
@@ -122,7 +126,7 @@ def vllm_speed(model_dir: str, pool, role, k: int, dtype: str, problems: int, re
     started = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype=dtype)
     start_s = time.perf_counter() - started
-    messages = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(problems)]
+    messages = first_observations(pool, role, problems)
     speeds = []
     for repeat in range(repeats + 1):
         started = time.perf_counter()

@@ -101,6 +101,7 @@ class Backend:
         self.workers: dict[str, list] = {}  # host -> its RolloutWorkers (resources.rollout_workers)
         self.learners: dict[str, object] = {}  # host -> Learner
         self.host_of: dict[str, str] = {}
+        self.sleepers: list = []  # rollout workers whose vLLM engine sleeps while the learners update
         threads = task.resources.torch_threads
         if use_ray:
             per_host = task.resources.rollout_cpus * task.resources.rollout_workers + task.resources.learner_cpus
@@ -128,6 +129,8 @@ class Backend:
             self.learners[host] = self._new(learner_cls, folder, task.algorithm, first.dtype, threads, task.train.seed,
                                             specs, init_from, learner_device)
             self.host_of.update({n: host for n in names})
+            if first.engine == "vllm" and first.vllm.sleep:
+                self.sleepers += self.workers[host]
         self._ready(task)
         self.sync_weights(0)  # adapters start random in each process; init_from weights too
 
@@ -184,7 +187,7 @@ class Backend:
         for policy, batch in samples.items():
             by_host.setdefault(self.host_of[policy], {})[policy] = batch
         hosts = list(by_host)
-        self._wait([self._call(w, "sleep") for workers in self.workers.values() for w in workers])  # vllm.sleep
+        self._wait([self._call(w, "sleep") for w in self.sleepers])
         results = self._wait([self._call(self.learners[h], "update", by_host[h]) for h in hosts])
         return {policy: metrics for result in results for policy, metrics in result.items()}
 

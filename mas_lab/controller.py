@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from mas_lab import checkpoint
+from mas_lab.background import Background
 from mas_lab.algo import build_groups, build_trajectory_groups, filter_groups, group_stats, grpo_advantages
 from mas_lab.backend import PolicyBackend
 from mas_lab.config import TaskConfig
@@ -112,7 +112,7 @@ class Controller:
         self.step = 0  # the last finished step
         self.cursor = 0  # index of the next training problem
         self.last_checkpoint: int | None = None
-        self._pending: tuple[threading.Thread, int, dict] | None = None  # a checkpoint being written in the background
+        self._pending: tuple[Background, int] | None = None  # a checkpoint being sealed in the background
         self.paused = False
         self.stop_requested = False
 
@@ -314,33 +314,25 @@ class Controller:
             return
         pending = checkpoint.begin(self.run_dir, step, state)
         self.backend.save_policies(pending.tmp / "policies", background=True)
-        outcome: dict = {}
 
-        def seal() -> None:
-            try:
-                self.backend.wait_saves()
-                outcome["result"] = checkpoint.finish(pending, keep_last)
-            except BaseException as exc:  # raised on the run's thread by _collect_checkpoint
-                outcome["error"] = exc
+        def seal() -> tuple[Path, float]:
+            self.backend.wait_saves()
+            return checkpoint.finish(pending, keep_last)
 
-        thread = threading.Thread(target=seal, name=f"checkpoint-{step}", daemon=True)
-        thread.start()
-        self._pending = (thread, step, outcome)
+        self._pending = (Background(seal, name=f"checkpoint-{step}"), step)
         if wait:
             self._collect_checkpoint(wait=True)
 
     def _collect_checkpoint(self, wait: bool) -> None:
-        """Record a background checkpoint that is complete (or wait for it); raise its error."""
+        """Record a background checkpoint that is complete (or wait for it); raise its error on
+        the run's thread."""
         if self._pending is None:
             return
-        thread, step, outcome = self._pending
-        if not wait and thread.is_alive():
+        sealing, step = self._pending
+        if not wait and not sealing.done():
             return
-        thread.join()
         self._pending = None
-        if "error" in outcome:
-            raise outcome["error"]
-        self._checkpointed(step, *outcome["result"])
+        self._checkpointed(step, *sealing.result())
 
     def _checkpointed(self, step: int, path: Path, seconds: float) -> None:
         self.last_checkpoint = step

@@ -71,10 +71,10 @@ def straight(tmp_path_factory):
     return cwd, Path(cwd / json.loads(proc.stdout.splitlines()[-1])["run_dir"])
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("killed")
-    proc = start("run", TOY, *STEPS, cwd=cwd)
+def kill_in_step_4_and_resume(cwd: Path, *args: str):
+    """Start the toy run, SIGKILL it during step 4's rollout, resume it; (run folder, its state
+    when killed, the resume's process)."""
+    proc = start("run", TOY, *args, cwd=cwd)
     run_dir = run_dir_of(cwd)
     wait_for(lambda: (lambda s: s.get("step") == 4 and str(s.get("phase", "")).startswith("rollout"))(state_of(run_dir)),
              what="step 4's rollout")
@@ -83,7 +83,21 @@ def resumed(tmp_path_factory):
     killed_at = state_of(run_dir)
     again = cli("run", "--resume", run_dir, cwd=cwd)
     assert again.returncode == 0, again.stderr[-3000:]
-    return cwd, run_dir, killed_at, again
+    return run_dir, killed_at, again
+
+
+def assert_same_run(run_dir: Path, straight_dir: Path) -> None:
+    """Metrics (but times), every candidate's advantage and the final weights (bitwise) agree."""
+    assert stable_metrics(run_dir) == stable_metrics(straight_dir)
+    assert advantages(run_dir) == advantages(straight_dir)
+    a, b = final_weights(straight_dir, 6), final_weights(run_dir, 6)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("killed")
+    return (cwd, *kill_in_step_4_and_resume(cwd, *STEPS))
 
 
 def test_resume_after_sigkill_matches_the_uninterrupted_run_exactly(straight, resumed):
@@ -91,10 +105,7 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run_exactly(straight, re
     _, resumed_dir, killed_at, again = resumed
     assert killed_at["step"] == 4 and killed_at["last_checkpoint"] == 3 and not killed_at["running"]
     assert "resumed from step-000003" in again.stderr
-    assert stable_metrics(resumed_dir) == stable_metrics(straight_dir)
-    assert advantages(resumed_dir) == advantages(straight_dir)
-    a, b = final_weights(straight_dir, 6), final_weights(resumed_dir, 6)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise
+    assert_same_run(resumed_dir, straight_dir)
 
 
 def test_the_resumed_store_has_every_step_exactly_once(straight, resumed):
@@ -156,20 +167,9 @@ def test_background_checkpoints_write_the_same_files_and_resume_exactly_after_si
     (from the last sealed checkpoint)."""
     _, straight_dir = straight
     background = [*STEPS, "--set", "checkpoint.background=true", "--set", "checkpoint.keep_last=6"]
-    proc = start("run", TOY, *background, cwd=tmp_path)
-    run_dir = run_dir_of(tmp_path)
-    wait_for(lambda: (lambda s: s.get("step") == 4 and str(s.get("phase", "")).startswith("rollout"))(state_of(run_dir)),
-             what="step 4's rollout")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    killed_at = state_of(run_dir)
+    run_dir, killed_at, _ = kill_in_step_4_and_resume(tmp_path, *background)
     assert killed_at["last_checkpoint"] in (2, 3)  # step 3's may still have been in flight
-    again = cli("run", "--resume", run_dir, cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert stable_metrics(run_dir) == stable_metrics(straight_dir)
-    assert advantages(run_dir) == advantages(straight_dir)
-    a, b = final_weights(straight_dir, 6), final_weights(run_dir, 6)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_run(run_dir, straight_dir)
     assert same_tensors(learner_state(run_dir, 6), learner_state(straight_dir, 6))  # optimizer, RNG, KL probe
     events = [r["message"] for r in RunStore(run_dir / "run.db").rows("SELECT message FROM events WHERE kind = 'checkpoint'")]
     assert any(m.startswith("step-000006 written") for m in events)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import torch
 
 from mas_lab import lora
 from mas_lab.actors import node_id
+from mas_lab.background import Background
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.samples import Sample
@@ -67,7 +67,7 @@ class Learner:
         for name, folder in (init_from or {}).items():
             self.load(name, folder, optimizer=False)
         self.version = 0
-        self._saves: list[tuple[threading.Thread, list[BaseException]]] = []  # background checkpoint writes
+        self._saves: list[Background] = []  # background checkpoint writes
 
     def _batch(self, samples: list[Sample]) -> "Batch":
         """Each distinct prompt once (left-padded), every response (right-padded) with the row of
@@ -247,25 +247,13 @@ class Learner:
         if not background:
             _write_policy(snapshot, path)
             return
-        errors: list[BaseException] = []
-
-        def write() -> None:
-            try:
-                _write_policy(snapshot, path)
-            except BaseException as exc:  # re-raised by wait_saves
-                errors.append(exc)
-
-        thread = threading.Thread(target=write, name=f"save-{name}", daemon=True)
-        thread.start()
-        self._saves.append((thread, errors))
+        self._saves.append(Background(lambda: _write_policy(snapshot, path), name=f"save-{name}"))
 
     def wait_saves(self) -> None:
         """Wait for the background writes of `save(..., background=True)`; raise the first error."""
         saves, self._saves = self._saves, []
-        for thread, errors in saves:
-            thread.join()
-            if errors:
-                raise errors[0]
+        for save in saves:
+            save.result()
 
     def _snapshot(self, name: str, copy: bool) -> dict:
         """What `save` writes, as tensors (copies when the files are written later)."""

@@ -50,6 +50,13 @@ def stop_ids(tokenizer, model) -> set[int]:
     return {i for i in ids if i is not None}
 
 
+def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """A prompt's token ids: the messages in the model's chat template, ready for the reply
+    (every engine, so both engines sample from the same tokens)."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(out["input_ids"])
+
+
 class HFEngine:
     def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None,
                  device: str = "cpu"):
@@ -74,8 +81,7 @@ class HFEngine:
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return list(out["input_ids"])
+        return encode_chat(self.tokenizer, messages)
 
     @torch.no_grad()
     def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,

@@ -27,7 +27,7 @@ import torch
 
 from mas_lab.config import Lora, Sampling, Vllm
 from mas_lab.rollout.decode import row_seed
-from mas_lab.rollout.engine import Generation, stop_ids
+from mas_lab.rollout.engine import Generation, encode_chat, stop_ids
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -72,8 +72,7 @@ class VLLMEngine:
         self.stats = {"generated_tokens": 0, "generate_s": 0.0, "sync_s": 0.0}
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return list(out["input_ids"])
+        return encode_chat(self.tokenizer, messages)
 
     def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
                  seed: int, first_index: int = 0) -> list[list[Generation]]:
