@@ -1,33 +1,36 @@
-"""How many held-out Plan-Path problems does one constant answer solve? The baseline a trained
-team must beat (docs/results.md: the trained SmolLM2 teams collapsed onto a constant answer).
+"""How many held-out problems does the best constant answer solve? The bar a trained team must
+clear to count as solving the task (mas_lab/baselines.py; `mas-lab run` and `mas-lab eval` report
+it too).
 
-    .venv/bin/python benchmarks/constant_baseline.py [tasks/plan_path_learns.yaml]
+    .venv/bin/python benchmarks/constant_baseline.py [TASK.yaml] [--seeds 0 1 2] [--problems N]
 
-Plays every held-out problem of the task's seed with the tool agent sending an empty code block
-and the planner sending the same move string on every turn; prints JSON: what the trained teams'
-answer ("Moves: R D ...") solves, and the best constant answer of one or two moves.
+Prints one JSON line per seed: the best fixed answer of the task's environment, the problems it
+solves, and the 95% Wilson interval.
 """
-import itertools
+import argparse
 import json
-import sys
+import time
 
+from mas_lab.baselines import best_constant
 from mas_lab.config import load_task
+from mas_lab.controller import wilson_interval
 from mas_lab.envs import ENVS, ProblemPool
 
-task = load_task(sys.argv[1] if len(sys.argv) > 1 else "tasks/plan_path_learns.yaml")
-pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, task.train.eval_problems)
-def solved(answer: str) -> int:
-    n = 0
-    for p in pool.eval_set:
-        env = pool.make(p)
-        for turn in range(task.env.max_turns):
-            env.step("tool", turn, "```\n```")
-            env.step("planner", turn, answer)
-            if env.done:
-                break
-        n += bool(env.success)
-    return n
-out = {"Moves: R D ...": solved("Moves: R D ...")}
-best = max((" ".join(m) for k in (1, 2) for m in itertools.product("UDLR", repeat=k)), key=lambda a: solved("Moves: " + a))
-out[f"best constant of 1-2 moves: Moves: {best}"] = solved("Moves: " + best)
-print(json.dumps({"task": task.name, "seed": task.train.seed, "eval_problems": len(pool.eval_set), "solved": out}))
+parser = argparse.ArgumentParser()
+parser.add_argument("task", nargs="?", default="tasks/plan_path_learns.yaml")
+parser.add_argument("--seeds", type=int, nargs="+", default=None)
+parser.add_argument("--problems", type=int, default=None)
+args = parser.parse_args()
+task = load_task(args.task)
+env_cls = ENVS[task.env.name]
+params = env_cls.Params.coerce(task.env.params)
+for seed in args.seeds or [task.train.seed]:
+    pool = ProblemPool(env_cls, params, seed, args.problems or task.train.eval_problems)
+    started = time.perf_counter()
+    best = best_constant(env_cls, params, pool.eval_set, task.env.max_turns)
+    out = {"task": task.name, "seed": seed, "eval_problems": len(pool.eval_set),
+           "answers_tried": len(env_cls.constant_answers(params)), "seconds": round(time.perf_counter() - started, 2)}
+    if best is not None:
+        out |= {"best_answer": best.answer, "solved": best.solved, "success": best.success,
+                "ci": [round(x, 3) for x in wilson_interval(best.solved, best.problems)]}
+    print(json.dumps(out))

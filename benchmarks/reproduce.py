@@ -142,15 +142,32 @@ def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
         runs = by_regime.get(name, [])
         if runs:
             rows[name] = {**cell([(r["summary"]["eval_after"], eval_n(r)) for r in runs]), "runs": runs, "trained": True}
+    seeds = sorted({r["seed"] for r in results})
+    if seeds:  # no model: the best fixed answer on each seed's held-out problems (mas_lab/baselines.py)
+        best = [constant_baseline(results[0]["task"], seed) for seed in seeds]
+        rows["constant answer (no model)"] = {**cell([(b.success, b.problems) for b in best]), "runs": [],
+                                              "seeds": seeds, "trained": False,
+                                              "note": "; ".join(sorted({repr(b.answer) for b in best}))}
     lines = ["| regime | seeds | held-out success, pooled [95% interval] | mean over seeds ± sd | per seed | CPU time |",
              "|---|---|---|---|---|---|"]
     for name, row in rows.items():
         runs = row["runs"]
-        cpu = f"{sum(r['cpu_s'] for r in runs) / 3600:.2f} h" if row["trained"] else "(in the trained runs)"
-        lines.append(f"| {name} | {', '.join(str(r['seed']) for r in runs)} | {row['pooled']:.3f} "
+        cpu = f"{sum(r['cpu_s'] for r in runs) / 3600:.2f} h" if row["trained"] else row.get("note", "(in the trained runs)")
+        lines.append(f"| {name} | {', '.join(str(s) for s in row.get('seeds', [r['seed'] for r in runs]))} | {row['pooled']:.3f} "
                      f"[{row['low']:.3f}, {row['high']:.3f}] (n={row['n']}) | {row['mean']:.3f} ± {row['sd']:.3f} | "
                      f"{' / '.join(f'{x:.3f}' for x in row['per_seed'])} | {cpu} |")
     return lines, rows
+
+
+def constant_baseline(task_file: str, seed: int):
+    from mas_lab.baselines import best_constant
+    from mas_lab.config import load_task
+    from mas_lab.envs import ENVS, ProblemPool
+
+    task = load_task(ROOT / task_file)
+    env_cls = ENVS[task.env.name]
+    pool = ProblemPool(env_cls, task.env.params, seed, task.train.eval_problems)
+    return best_constant(env_cls, env_cls.Params.coerce(task.env.params), pool.eval_set, task.env.max_turns)
 
 
 def eval_n(result: dict) -> int:
@@ -212,7 +229,9 @@ def report(results: list[dict], out: Path) -> None:
             "Command: `make reproduce` (`.venv/bin/python benchmarks/reproduce.py --seeds 0 1 2`). Every regime on "
             "the settings of `tasks/plan_path_learns.yaml` with the same budget: 30 steps x 8 problems x K = 4, "
             "greedy evaluation on the same 64 held-out problems (per seed) every 10 steps; runs in `--no-ray` "
-            "(one process). Untrained rows are the step-0 evaluations of the trained runs. Intervals are 95% "
+            "(one process). Untrained rows are the step-0 evaluations of the trained runs. The constant-answer "
+            "row replies the same best fixed answer (of 1 to 4 moves) to every problem of each seed's held-out set, "
+            "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. Intervals are 95% "
             "Wilson intervals of the success pooled over seeds.", "", *lines, "",
             f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores."
             + (f" Not yet run: {', '.join(missing)}." if missing else ""), "",

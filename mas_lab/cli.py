@@ -133,10 +133,17 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         low, high = result["ci"]
         return f"{result['success']:.3f}  95% [{low:.3f}, {high:.3f}]  (step {result['step']})"
 
+    def shown_constant(constant: dict | None) -> str:
+        if constant is None:
+            return "- (this task has none)"
+        low, high = constant["ci"]
+        return f"{constant['success']:.3f}  95% [{low:.3f}, {high:.3f}]  ({constant['answer']!r} to every problem)"
+
     rows = [
         ("stopped early" if summary.get("stopped") else "finished", f"after step {summary.get('steps')}"),
         ("eval success before", shown(summary.get("before"))),
         ("eval success after", shown(summary.get("after"))),
+        ("best constant answer (no model)", shown_constant(summary.get("constant"))),
         ("so", summary.get("verdict", "")),
         ("steps", str(len(train_steps))),
         ("mean step time (s)", f"{mean('time/step'):.2f}" if train_steps else "-"),
@@ -210,6 +217,10 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int) ->
     table.add_column("value", justify="right")
     table.add_row("success rate", f"{metrics['eval/success_rate']:.3f}")
     table.add_row("95% interval", f"[{metrics['eval/success_ci_low']:.3f}, {metrics['eval/success_ci_high']:.3f}]")
+    if "eval/constant_success" in metrics:
+        table.add_row("best constant answer (no model)", f"{metrics['eval/constant_success']:.3f} "
+                      f"[{metrics['eval/constant_ci_low']:.3f}, {metrics['eval/constant_ci_high']:.3f}]")
+    table.add_row("distinct first answers", f"{metrics.get('eval/distinct_answers', math.nan):.0f}")
     table.add_row("mean turns", f"{metrics['eval/turns']:.2f}")
     table.add_row("mean final team reward", f"{metrics['eval/team_reward']:.3f}")
     for role in task.roles:

@@ -143,6 +143,9 @@ class Train(_Strict):
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after)")
     eval_problems: int = Field(8, ge=0, description="held-out problems per evaluation (greedy, one trajectory each)")
     seed: int = Field(0, description="seeds problems, sampling and the learner")
+    warmup_steps: int = Field(0, ge=0, description="format warm-up before the first evaluation: supervised steps on "
+                              "replies in each role's answer format with random content (never read from the problem, "
+                              "so never a solution), problems_per_step problems each; 0: none")
 
 
 class Resources(_Strict):
@@ -237,6 +240,9 @@ class TaskConfig(_Strict):
         if names != expected:
             where = "in single_agent mode has the role" if self.algorithm.mode == "single_agent" else "has roles"
             raise ValueError(f"roles: environment '{self.env.name}' {where} {expected} in this order, got {names}")
+        if self.train.warmup_steps and not env.has_format_demos:
+            raise ValueError(f"train.warmup_steps: environment '{self.env.name}' has no format demonstrations; "
+                             "allowed: 0 (the move games plan_path and sokoban have them)")
         from mas_lab.models import check_model_name
 
         for key, policy in self.policies.items():

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -14,13 +15,14 @@ from pathlib import Path
 
 from mas_lab import checkpoint
 from mas_lab.background import Background
+from mas_lab.baselines import ConstantBaseline, best_constant
 from mas_lab.algo import build_groups, build_trajectory_groups, filter_groups, group_stats, grpo_advantages
 from mas_lab.backend import PolicyBackend
 from mas_lab.config import TaskConfig
 from mas_lab.control import RunControl
 from mas_lab.diagnostics import diagnostics
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout
+from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout, with_system
 from mas_lab.learner.samples import Sample
 from mas_lab.progress import Progress, ProgressEvent
 from mas_lab.store import RunStore
@@ -61,17 +63,27 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def verdict(before: dict | None, after: dict | None) -> str:
-    """The before/after comparison of held-out success in plain words (95% Wilson intervals)."""
+def verdict(before: dict | None, after: dict | None, constant: dict | None = None) -> str:
+    """The before/after comparison of held-out success in plain words (95% Wilson intervals), and,
+    when the environment has one, how "after" compares with the best constant answer (baselines.py):
+    a lift that does not clear it may be one learned answer, not solving the task."""
     if before is None or after is None:
         return "no evaluation after training to compare with" if before else "no evaluation"
     (b_low, b_high), (a_low, a_high) = before["ci"], after["ci"]
     change = f"held-out success {before['success']:.3f} [{b_low:.2f}, {b_high:.2f}] -> {after['success']:.3f} [{a_low:.2f}, {a_high:.2f}]"
     if a_low > b_high:
-        return change + ": better after training (the 95% intervals do not overlap)"
-    if a_high < b_low:
-        return change + ": worse after training (the 95% intervals do not overlap)"
-    return change + ": no clear change (the 95% intervals overlap)"
+        out = change + ": better after training (the 95% intervals do not overlap)"
+    elif a_high < b_low:
+        out = change + ": worse after training (the 95% intervals do not overlap)"
+    else:
+        out = change + ": no clear change (the 95% intervals overlap)"
+    if constant is None:
+        return out
+    c_low, c_high = constant["ci"]
+    fixed = f"the best constant answer ({constant['answer']!r}, the same reply to every problem) solves {constant['success']:.3f} [{c_low:.2f}, {c_high:.2f}]"
+    if a_low > c_high:
+        return out + f"; above the best constant answer: {fixed}"
+    return out + f"; but not clearly above what a fixed answer scores: {fixed}, so the team may have learned one answer rather than to solve the task"
 
 
 def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
@@ -109,6 +121,7 @@ class Controller:
         self.control = RunControl(store)
         self.pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, task.train.eval_problems)
         self.generate: Generate = backend.generate
+        self._constant: tuple[ConstantBaseline | None] | None = None  # computed once, on first use
         self.step = 0  # the last finished step
         self.cursor = 0  # index of the next training problem
         self.last_checkpoint: int | None = None
@@ -167,7 +180,7 @@ class Controller:
         metrics["filtered_groups"] = report.dropped_groups
         metrics["filtered_samples"] = report.dropped_samples
         for name, update in updates.items():
-            for key in ("loss", "clip_frac", "grad_norm", "samples", "tokens", "mismatch_abs", "mismatch_kl",
+            for key in ("loss", "nll", "clip_frac", "grad_norm", "samples", "tokens", "mismatch_abs", "mismatch_kl",
                         "ratio_mean", "ratio_min", "ratio_max", "kl_initial", "tis_weight_mean", "tis_capped_frac"):
                 if key in update:
                     metrics[f"{key}/{name}"] = update[key]
@@ -184,6 +197,45 @@ class Controller:
         self.store.write_step(step, started_wall, episodes, "train", stats, metrics)
         return TrainStep(step, episodes, metrics)
 
+    def warm_up(self) -> dict[str, float]:
+        """The format warm-up (`train.warmup_steps`), before the first evaluation: each step takes
+        the next problems_per_step training problems and, for every role, a reply in its answer
+        format with random content (`Env.format_demo`: never read from the problem), and trains
+        each policy on its roles' replies with advantage 1 (on-policy, so the clipped objective's
+        gradient is the log-likelihood's: one supervised step). It teaches a small model the form
+        of an answer so that GRPO has legal, differing candidates to compare; what it cannot teach
+        is which moves solve a problem. The evaluation at step 0 comes after it, so a run's lift is
+        the RL's alone. Logged as an event per step with each policy's mean -log p of the replies
+        before that step's update."""
+        from transformers import AutoTokenizer
+
+        from mas_lab.models import resolve
+        from mas_lab.rollout.engine import encode_chat
+
+        task = self.task
+        tokenizers = {name: AutoTokenizer.from_pretrained(resolve(policy.model)) for name, policy in task.policies.items()}
+        rng = random.Random(call_seed(task.train.seed, "warmup"))
+        roles = [r.name for r in task.roles]
+        losses: dict[str, list[float]] = {}
+        for i in range(task.train.warmup_steps):
+            samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
+            for problem in self.next_problems():
+                env = self.pool.make(problem)
+                for role in roles:
+                    policy = task.policy_of(role)
+                    tokenizer = tokenizers[policy]
+                    reply = env.format_demo(role, rng)
+                    response = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+                    messages = with_system(env.messages(role, 0), task.role(role).system_prompt)
+                    samples[policy].append(Sample(encode_chat(tokenizer, messages), response, 1.0, demonstration=True))
+            updates = self.backend.update(samples)
+            for name, update in updates.items():
+                losses.setdefault(name, []).append(update["nll"])
+            self.store.event(0, "warmup", f"format warm-up step {i + 1}/{task.train.warmup_steps}: "
+                             + ", ".join(f"nll/{n} {u['nll']:.3f}" for n, u in updates.items()))
+        self.backend.sync_weights(0)
+        return {f"warmup_nll/{name}": values[-1] for name, values in losses.items()}
+
     def evaluate(self, step: int, samples: int = 1) -> dict[str, float]:
         """Episodes on the fixed held-out problems, one trajectory each (K = 1): greedy when
         `samples` is 1, else `samples` sampled trajectories per problem at the roles' settings.
@@ -197,10 +249,27 @@ class Controller:
         metrics = reward_metrics(episodes, prefix="eval/")
         low, high = wilson_interval(sum(e.success for e in episodes), len(episodes))
         metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
+        # how many different first answers the team gave: 1 means one reply to every problem
+        answerers = {ENVS[self.task.env.name].answer_role, ENVS[self.task.env.name].single_role}
+        metrics["eval/distinct_answers"] = float(len({t.candidates[t.chosen].response for e in episodes
+                                                      for t in e.turns if t.turn == 0 and t.role in answerers}))
+        constant = self.constant_baseline()
+        if constant is not None:
+            metrics["eval/constant_success"] = constant.success
+            metrics["eval/constant_ci_low"], metrics["eval/constant_ci_high"] = wilson_interval(constant.solved, constant.problems)
         metrics["eval/time"] = time.perf_counter() - started
         self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
-        self.store.event(step, "eval", f"success {metrics['eval/success_rate']:.3f} on {len(episodes)} episodes")
+        self.store.event(step, "eval", f"success {metrics['eval/success_rate']:.3f} on {len(episodes)} episodes"
+                         + (f"; best constant answer {constant.answer!r} {constant.success:.3f}" if constant else ""))
         return metrics
+
+    def constant_baseline(self) -> ConstantBaseline | None:
+        """The best fixed answer on the held-out problems (baselines.py), or None."""
+        if self._constant is None:
+            env_cls = ENVS[self.task.env.name]
+            self._constant = (best_constant(env_cls, env_cls.Params.coerce(self.task.env.params), self.pool.eval_set,
+                                            self.task.env.max_turns) if self.pool.eval_set else None,)
+        return self._constant[0]
 
     # --- the run: steps, safe points, checkpoints -------------------------------------------------
     def run(self, progress: Progress | None = None) -> dict[str, float]:
@@ -215,6 +284,9 @@ class Controller:
                 progress(event)
 
         if self.step == 0 and not self.store.metrics(0):
+            if train.warmup_steps:
+                tell(ProgressEvent("format warm-up", 0))
+                self.warm_up()
             tell(ProgressEvent("eval", 0))
             self.evaluate(0)
             self.checkpoint(0)
@@ -248,8 +320,11 @@ class Controller:
 
         before = at(evals[0] if evals else None)
         after = at(evals[-1] if evals and evals[-1] == self.step and self.step > evals[0] else None)
+        best = self.constant_baseline() if evals else None
+        constant = None if best is None else {"answer": best.answer, "success": best.success,
+                                              "ci": list(wilson_interval(best.solved, best.problems))}
         return {"eval_before": before["success"] if before else None, "eval_after": after["success"] if after else None,
-                "before": before, "after": after, "verdict": verdict(before, after),
+                "before": before, "after": after, "constant": constant, "verdict": verdict(before, after, constant),
                 "steps": self.step, "stopped": self.step < self.task.train.steps}
 
     def request_stop(self) -> None:

@@ -1,7 +1,8 @@
 """Charts of a run as PNG files (matplotlib), for papers and notes: `mas-lab plot RUN_DIR`.
 
 Every chart has the training step on its x-axis and comes from the run store alone: held-out
-success with its 95% interval at the steps it was evaluated, mean reward per role and per
+success with its 95% interval at the steps it was evaluated (and what the best constant answer
+scores on the same problems, baselines.py), mean reward per role and per
 (agent, turn), team reward, the zero-std share of groups, and per policy loss, gradient norm,
 clip fraction, entropy, the rollout/training mismatch, KL to the initial policy and ratio extremes,
 the all-fail / all-success share of groups per (agent, turn), then the step time split.
@@ -13,7 +14,8 @@ from pathlib import Path
 from mas_lab.store import RunStore
 
 PANELS = {
-    "success": ("held-out success (95% interval)", ["eval/success_rate"]),
+    "success": ("held-out success (95% interval) and the best constant answer",
+                ["eval/success_rate", "eval/constant_success"]),
     "reward_per_role": ("mean reward per role", ["reward/"]),
     "reward_per_agent_turn": ("mean reward per (agent, turn)", ["reward/*/t"]),
     "team": ("team reward and zero-std share of groups", ["team_reward", "zero_std_frac"]),
@@ -63,7 +65,9 @@ def plot_run(run_dir: Path, output: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
         for key, points in series.items():
             steps, values = [s for s, _ in points], [v for _, v in points]
-            if panel == "success":
+            if key == "eval/constant_success":
+                ax.plot(steps, values, linestyle="--", color="grey", label="best constant answer (no model)")
+            elif panel == "success":
                 low = dict(store.series("eval/success_ci_low"))
                 high = dict(store.series("eval/success_ci_high"))
                 errors = [[v - low.get(s, v) for s, v in points], [high.get(s, v) - v for s, v in points]]

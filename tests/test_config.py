@@ -44,6 +44,8 @@ CASES = [
     ("top level unknown", lambda d: d.update(trainer={}), "field 'trainer': unknown key; allowed: ['algorithm', 'checkpoint', 'env'"),
     ("unknown engine", lambda d: d["policies"]["shared"].update(engine="sglang"), "field 'policies.shared.engine': Input should be 'hf' or 'vllm'"),
     ("tis cap below one", lambda d: d["algorithm"].update(tis_cap=0.5), "field 'algorithm.tis_cap': must be at least 1"),
+    ("warm-up without demonstrations", lambda d: d["train"].update(warmup_steps=2),
+     "field 'train.warmup_steps': environment 'toy' has no format demonstrations; allowed: 0"),
 ]
 try:
     import vllm  # noqa: F401

@@ -74,3 +74,49 @@ def test_reward_rises_under_per_role_lora(tmp_path):
     before, after = rewards[0], statistics.fmean(rewards[-3:])
     print(f"toy mean reward under per-role LoRA: step 1 {before:.3f}, last 3 steps {after:.3f}")
     assert before < 0.3 and after > 1.0, rewards
+
+
+def test_the_format_warm_up_teaches_the_form(tmp_path):
+    """train.warmup_steps: supervised steps on random replies in the answer format; the policy's
+    log-likelihood of fresh demonstrations (never trained on) rises."""
+    import random
+
+    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ["train.warmup_steps=6"])
+    backend = Backend(task, use_ray=False)
+    controller = Controller(task, backend, RunStore(tmp_path / "run.db"))
+    env = controller.pool.make(controller.pool.train(999))
+    learner = next(iter(backend.learners.values()))
+    probe = learner._batch([Sample(p, r, 0.0) for p, r in _demo_tokens(env, random.Random(7))])
+
+    def nll() -> float:  # mean negative log-likelihood of the fresh demonstrations
+        with torch.no_grad():
+            return float(-(learner._logp(probe) * probe.mask).sum() / probe.mask.sum())
+
+    before = nll()
+    controller.warm_up()
+    after = nll()
+    events = [e["message"] for e in controller.store.events() if e["kind"] == "warmup"]
+    assert len(events) == 6 and "nll/shared" in events[0]
+    assert after < 0.7 * before, (before, after)
+
+
+def test_the_warm_up_comes_before_the_first_evaluation_and_is_not_the_kl_reference(tmp_path):
+    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ["train.warmup_steps=2", "train.steps=1",
+                                                              "train.eval_problems=2", "checkpoint.every=0"])
+    controller = Controller(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
+    controller.run()
+    kinds = [e["kind"] for e in controller.store.events() if e["kind"] in ("warmup", "eval")]
+    assert kinds[:3] == ["warmup", "warmup", "eval"]
+    # the KL diagnostic's reference is the policy RL starts from, not the one before the warm-up
+    assert controller.store.metrics(1)[1]["kl_initial/shared"] == 0.0
+
+
+def _demo_tokens(env, rng):
+    from transformers import AutoTokenizer
+    from mas_lab.models import resolve
+    from mas_lab.rollout.engine import encode_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-test"))
+    for role in ("tool", "planner"):
+        reply = env.format_demo(role, rng)
+        yield encode_chat(tokenizer, env.messages(role, 0)), tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]

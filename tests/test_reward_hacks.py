@@ -116,3 +116,51 @@ def test_moves_in_prose_are_not_an_answer(env_cls):
         path = shortest_path(problem.data["grid"], tuple(problem.data["start"]), tuple(problem.data["goal"]))
         stated = env_cls(problem, {}).step("planner", 0, "Thinking...\n**Moves:** " + ", ".join(path))
         assert stated.components == {"format": 1.0, "value": 1.0}
+
+
+def _open_grid_problem(start, goal, size=3):
+    grid = ["." * size] * size
+    return Problem({"grid": grid, "start": list(start), "goal": list(goal), "shortest": abs(goal[0] - start[0]) + abs(goal[1] - start[1])})
+
+
+def test_passing_through_the_goal_is_not_arriving():
+    """A fixed sweep of the grid passes every cell: it must not count as reaching G."""
+    sweep = "Moves: R R D L L D R R"  # visits all nine cells of an open 3x3 grid from (0, 0)
+    env = PlanPathEnv(_open_grid_problem((0, 0), (1, 1)), {})
+    result = env.step("planner", 0, sweep)
+    assert not env.success and result.components["value"] < 1.0
+    assert PlanPathEnv(_open_grid_problem((0, 0), (2, 2)), {}).step("planner", 0, sweep).components["value"] == 1.0
+
+
+def test_an_illegal_plan_does_not_move_the_agent():
+    """Bumping into the border as a stop ("D D D" ends on the bottom row from anywhere) is illegal:
+    the plan is rejected whole and S stays, so no reward for the part before the bump."""
+    env = PlanPathEnv(_open_grid_problem((0, 1), (2, 1)), {})
+    result = env.step("planner", 0, "Moves: D D D")
+    assert env.pos == (0, 1) and not env.success
+    assert result.components == {"format": 0.0, "value": 0.0}
+
+
+def test_no_constant_answer_solves_much_of_the_held_out_set():
+    """The best fixed answer of up to 4 moves solves at most ~1/4 of the learns task's held-out set
+    (it was 20/64 when a plan could stop at G or at the border)."""
+    from mas_lab.baselines import best_constant
+
+    task = load_task(ROOT / "tasks" / "plan_path_learns.yaml")
+    pool = ProblemPool(PlanPathEnv, task.env.params, task.train.seed, 64)
+    best = best_constant(PlanPathEnv, PlanPathEnv.Params.coerce(task.env.params), pool.eval_set, task.env.max_turns)
+    assert best is not None and best.problems == 64 and best.solved <= 16
+
+
+@pytest.mark.parametrize("env_cls", [PlanPathEnv, SokobanEnv])
+def test_the_prompts_format_line_is_not_a_legal_answer(env_cls):
+    """A model echoing the prompt's format line must not score (the trained teams once collapsed
+    onto the format example "Moves: R D ..."); a worked example's answer is one the constant-answer
+    baseline tries, so a team copying it cannot look better than that baseline."""
+    problem = env_cls.draw_problem(random.Random(5), {})
+    for role in ("planner", "solver"):
+        env = env_cls(problem, {})
+        assert env.parse_answer(env.answer_hint) is None and env.parse_answer(env.observe(role, 0)) is None
+        if env.answer_example:
+            example = env.answer_example[env.answer_example.rindex("Moves:"):]
+            assert env.parse_answer(example) is not None and example in env_cls.constant_answers(env.params)

@@ -64,6 +64,7 @@ class Env(ABC):
     parallel: ClassVar[bool] = False  # True: the agents of a turn all observe the turn's start state
     shared: ClassVar[tuple[str, ...]] = ("problem", "params")  # read-only attributes clones share
     system_prompts: ClassVar[dict[str, str]] = {}
+    answer_role: ClassVar[str] = "solver"  # the role whose reply is the answer (baselines.py)
 
     def __init__(self, problem: Problem, params: EnvParams | Mapping[str, Any] | None = None):
         self.problem = problem
@@ -86,6 +87,20 @@ class Env(ABC):
     @abstractmethod
     def _draw(cls, rng: random.Random, params: Any, split: str) -> Problem:
         """draw_problem with this environment's own Params."""
+
+    @classmethod
+    def constant_answers(cls, params: EnvParams) -> list[str]:
+        """Fixed replies of `answer_role` that might solve problems without reading them: the
+        constant-answer baseline (baselines.py) a trained team must beat. None by default."""
+        return []
+
+    has_format_demos: ClassVar[bool] = False  # format_demo is implemented (train.warmup_steps)
+
+    def format_demo(self, role: str, rng: random.Random) -> str:
+        """A reply of `role` in its answer format whose content is drawn from `rng` alone, never from
+        the problem: what the format warm-up (train.warmup_steps) trains on. It teaches the form of
+        an answer, not a solution."""
+        raise NotImplementedError(f"{type(self).__name__} has no format demonstrations")
 
     @abstractmethod
     def observe(self, role: str, turn: int) -> str:

@@ -42,9 +42,12 @@ class GameParams(EnvParams):
 
 class ToolPlannerEnv(Env):
     roles = ("tool", "planner")
+    answer_role = "planner"  # the solver of the single-agent baseline answers the same way
     Params = GameParams
     answer_hint = ""  # how the planner states its answer, e.g. "Moves: R D"
     program_hint = ""  # what the tool agent's program must print
+    answer_example = ""  # a worked example for the system prompt (its answer is among constant_answers)
+    program_example = ""
 
     def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
@@ -77,9 +80,9 @@ class ToolPlannerEnv(Env):
     def system_prompts(self) -> dict[str, str]:
         return {
             "tool": f"You are the tool agent. Write a short Python program that {self.program_hint}. "
-                    "Reply with one ```python code block.",
-            "planner": f"You are the planner. Solve the task. {self.answer_hint}",
-            "solver": f"Solve the task. {self.answer_hint}",
+                    f"Reply with one ```python code block.{self.program_example}",
+            "planner": f"You are the planner. Solve the task. {self.answer_hint}{self.answer_example}",
+            "solver": f"Solve the task. {self.answer_hint}{self.answer_example}",
         }
 
     def observe(self, role: str, turn: int) -> str:

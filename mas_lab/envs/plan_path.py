@@ -5,10 +5,12 @@ Tool agent + planner (envs/games.py): the tool's program prints a move list, the
 by construction: the goal is chosen among cells that breadth-first search reaches from the start,
 and the shortest-path length is stored.
 
-Team reward: 1 at the goal, else 0.5 * progress, progress = (d0 - d) / d0 in BFS distance.
+Team reward: 1 at the goal, else 0.5 * progress, progress = (d0 - d) / d0 in BFS distance. A
+plan is walked to its end (passing through G is not arriving) and only when every move is legal.
 """
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections import deque
@@ -80,16 +82,61 @@ def parse_moves(text: str) -> list[str]:
 
 
 
+def offset_text(rows: int, cols: int) -> str:
+    """Where G lies from S in words (" G is 1 row down and 2 columns right of S."); empty at the goal."""
+    parts = [f"{abs(n)} {unit}{'s' if abs(n) > 1 else ''} {word}"
+             for n, unit, word in ((rows, "row", "down" if rows > 0 else "up"),
+                                   (cols, "column", "right" if cols > 0 else "left")) if n]
+    return f" G is {' and '.join(parts)} of S." if parts else ""
+
+
+class MovesGame(ToolPlannerEnv):
+    """The games played by moving (Plan-Path, Sokoban): answers are move lists, "Moves: ..." for
+    the planner and a printed list for the tool agent."""
+
+    @classmethod
+    def move_answers(cls, longest: int = 4) -> list[str]:
+        """Every "Moves: ..." answer of 1 to `longest` moves."""
+        return ["Moves: " + " ".join(m) for k in range(1, longest + 1) for m in itertools.product("UDLR", repeat=k)]
+
+    @classmethod
+    def constant_answers(cls, params: Any) -> list[str]:
+        return cls.move_answers(4)
+
+    has_format_demos = True
+
+    def format_demo(self, role: str, rng: random.Random) -> str:
+        """One to three random moves in the role's format: a program printing them, or the
+        "Moves:" line."""
+        moves = [rng.choice("UDLR") for _ in range(rng.randint(1, 3))]
+        if role == "tool":
+            return "```python\nprint(" + repr(moves) + ")\n```"
+        return "Moves: " + " ".join(moves)
+
+    def parse(self, text: str) -> list[str] | None:
+        return parse_moves(text) or None
+
+    def parse_answer(self, text: str) -> list[str] | None:
+        return parse_answer_moves(text)
+
+
 class PlanPathParams(GameParams):
     size: int = Field(5, ge=2, le=32, description="grid side length")
     wall_prob: float = Field(0.2, ge=0.0, le=0.9, description="probability that a cell is a wall")
     min_distance: int = Field(2, ge=1, description="least BFS distance from start to goal")
 
 
-class PlanPathEnv(ToolPlannerEnv):
+class PlanPathEnv(MovesGame):
     Params = PlanPathParams
-    program_hint = "prints the list of moves from S to G, for example print(['R', 'D'])"
-    answer_hint = "End with one line 'Moves: R D ...' using U, D, L, R."
+    # no legal answer in either hint: a model that echoes the prompt's example must not score
+    # (trained SmolLM2 teams collapsed onto an example "Moves: R D ..." that solved 10/64 problems)
+    program_hint = "prints the list of moves from S to G as a Python list of the letters 'U', 'D', 'L', 'R'"
+    answer_hint = "End with one line 'Moves:' followed by your moves, one letter each (U, D, L or R)."
+    # a worked example (fair for a 135M model, issue 12): it shows reading G's place from S, and its
+    # answer is one the constant-answer baseline tries, so copying it is measured, not rewarded
+    answer_example = (" Example: if G is 2 rows up and 1 column right of S and no wall is in the way,"
+                      " the last line is: Moves: U U R")
+    program_example = " Example: if G is 2 rows up and 1 column right of S, the program is print(['U', 'U', 'R'])"
     shared = ToolPlannerEnv.shared + ("_dist",)  # BFS distances depend only on the problem
 
     def __init__(self, problem: Problem, params: Any = None):
@@ -127,12 +174,12 @@ class PlanPathEnv(ToolPlannerEnv):
         return self.value_at(self.pos)
 
     def follow(self, pos: tuple[int, int], moves: list[str]) -> tuple[tuple[int, int], bool]:
-        """Apply moves from pos until one is illegal or the goal is reached; (end, all legal)."""
+        """Apply moves from pos until one is illegal; (end, all legal). The whole plan is walked:
+        passing through G on the way is not arriving (else one fixed sweep of the grid would solve
+        most problems without reading them; tests/test_integrity.py)."""
         grid = self.problem.data["grid"]
         limit = 4 * len(grid) * len(grid[0])
         for move in moves[:limit]:
-            if pos == self.goal:
-                break
             dr, dc = MOVES[move]
             r, c = pos[0] + dr, pos[1] + dc
             if not (0 <= r < len(grid) and 0 <= c < len(grid[0])) or grid[r][c] == "#":
@@ -140,14 +187,12 @@ class PlanPathEnv(ToolPlannerEnv):
             pos = (r, c)
         return pos, len(moves) <= limit
 
-    def parse(self, text: str) -> list[str] | None:
-        return parse_moves(text) or None
-
-    def parse_answer(self, text: str) -> list[str] | None:
-        return parse_answer_moves(text)
-
     def apply(self, moves: list[str]) -> bool:
-        self.pos, legal = self.follow(self.pos, moves)
+        """All or nothing: a plan with an illegal move is rejected and S stays where it was (else
+        a fixed plan could use walls and the border as stops and reach G from many starts)."""
+        end, legal = self.follow(self.pos, moves)
+        if legal:
+            self.pos = end
         return legal
 
     def task_text(self) -> str:
@@ -158,7 +203,8 @@ class PlanPathEnv(ToolPlannerEnv):
         rows = "\n".join("".join(row) for row in grid)
         return (
             f"Grid ({len(grid)}x{len(grid[0])}, '#' wall, '.' free, row 0 at the top):\n{rows}\n"
-            f"S (you) is at row {self.pos[0]}, col {self.pos[1]}; G is at row {gr}, col {gc}.\n"
+            f"S (you) is at row {self.pos[0]}, col {self.pos[1]}; G is at row {gr}, col {gc}."
+            f"{offset_text(gr - self.pos[0], gc - self.pos[1])}\n"
             "Moves: U (row-1), D (row+1), L (col-1), R (col+1)."
         )
 

@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import Field
 
 from mas_lab.envs.base import Problem
-from mas_lab.envs.games import GameParams, ToolPlannerEnv
-from mas_lab.envs.plan_path import MOVES, parse_answer_moves, parse_moves
+from mas_lab.envs.games import GameParams
+from mas_lab.envs.plan_path import MOVES, MovesGame
 
 Pos = tuple[int, int]
 
@@ -65,10 +65,11 @@ class SokobanParams(GameParams):
     min_moves: int = Field(3, ge=1, description="least moves of the optimal solution")
 
 
-class SokobanEnv(ToolPlannerEnv):
+class SokobanEnv(MovesGame):
     Params = SokobanParams
-    program_hint = "prints the list of moves that pushes every box onto a target, for example print(['R', 'U'])"
-    answer_hint = "End with one line 'Moves: R U ...' using U, D, L, R."
+    # no legal answer in either hint (see plan_path.py)
+    program_hint = "prints the list of moves that pushes every box onto a target, as a Python list of the letters 'U', 'D', 'L', 'R'"
+    answer_hint = "End with one line 'Moves:' followed by your moves, one letter each (U, D, L or R)."
 
     def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
@@ -119,12 +120,6 @@ class SokobanEnv(ToolPlannerEnv):
     def value(self) -> float:
         on = len(self.boxes & self.targets)
         return 1.0 if on == len(self.targets) else 0.5 * on / len(self.targets)
-
-    def parse(self, text: str) -> list[str] | None:
-        return parse_moves(text) or None
-
-    def parse_answer(self, text: str) -> list[str] | None:
-        return parse_answer_moves(text)
 
     def apply(self, moves: list[str]) -> bool:
         walls = self.walls

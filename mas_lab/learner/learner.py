@@ -168,7 +168,7 @@ class Learner:
             with torch.no_grad():
                 old = [self._logp(batch) for batch in micro]
         kl_initial = self._kl_to_initial(name, samples)
-        total_loss, clipped, grad_norm = 0.0, 0.0, 0.0
+        total_loss, clipped, grad_norm, nll = 0.0, 0.0, 0.0, 0.0
         ratio_sum, ratio_min, ratio_max = 0.0, math.inf, -math.inf
         for epoch in range(algo.epochs):
             optimizer.zero_grad(set_to_none=True)
@@ -177,6 +177,7 @@ class Learner:
                 logp = self._logp(batch)
                 if epoch == 0:
                     mismatch.add(logp.detach(), batch.sampler, batch.mask)
+                    nll -= float((logp.detach() * batch.mask).sum())
                 logp_old = old[i] if old is not None else logp.detach()
                 weights = None
                 if algo.tis_cap is not None:
@@ -203,6 +204,7 @@ class Learner:
             "grad_norm": grad_norm,
             "samples": len(samples),
             "tokens": tokens,
+            "nll": nll / tokens if tokens else 0.0,  # mean -log p of the trained tokens before the update
             "learner_s": time.perf_counter() - started,
             **mismatch.metrics(),
             **tis.metrics(),
@@ -214,12 +216,13 @@ class Learner:
     @torch.no_grad()
     def _kl_to_initial(self, name: str, samples: list[Sample]) -> float | None:
         """KL(initial || current) of policy `name`, estimated on a fixed probe: the first
-        `kl_probe` samples this learner ever trained on (drawn from the initial policy), whose
+        `kl_probe` sampled replies this learner trained on (drawn from the policy RL started from:
+        after the format warm-up, when there is one), whose
         log-probs under the initial policy were kept. k3 estimator per token, r = p_now / p_init:
         E[r - 1 - log r] >= 0 (Schulman 2020); the KL penalty's reference of the GRPO paper (Shao et
         al. 2024, Eq. 4) as a diagnostic only: no reference model stays in memory."""
-        if not self.algo.kl_probe:
-            return None
+        if not self.algo.kl_probe or any(s.demonstration for s in samples):
+            return None  # the probe is the first sampled replies: the policy RL starts from is the reference
         if name not in self.reference:
             probe = samples[: self.algo.kl_probe]
             self.reference[name] = (probe, [self._logp(batch) for batch in self._micro_batches(probe)])

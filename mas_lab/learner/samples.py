@@ -17,3 +17,4 @@ class Sample:
     advantage: float
     temperature: float = 1.0
     sampler_logprobs: tuple[float, ...] = ()
+    demonstration: bool = False  # a format warm-up reply (train.warmup_steps), not sampled from the policy
