@@ -42,7 +42,7 @@ REGIMES = {  # name -> (task file, overrides)
     "MAS + AT-GRPO shared": ("tasks/plan_path_learns.yaml", []),
     "MAS + AT-GRPO per-role LoRA": ("tasks/plan_path_learns_per_role_lora.yaml", []),
 }
-UNTRAINED = {"single agent (untrained)": "single agent + GRPO", "MAS (untrained)": "MAS + AT-GRPO shared"}
+UNTRAINED = {"single agent (before RL)": "single agent + GRPO", "MAS (before RL)": "MAS + AT-GRPO shared"}
 BEGIN, END = "<!-- reproduce:begin (written by benchmarks/reproduce.py) -->", "<!-- reproduce:end -->"
 
 
@@ -229,7 +229,8 @@ def report(results: list[dict], out: Path) -> None:
             "Command: `make reproduce` (`.venv/bin/python benchmarks/reproduce.py --seeds 0 1 2`). Every regime on "
             "the settings of `tasks/plan_path_learns.yaml` with the same budget: 30 steps x 8 problems x K = 4, "
             "greedy evaluation on the same 64 held-out problems (per seed) every 10 steps; runs in `--no-ray` "
-            "(one process). Untrained rows are the step-0 evaluations of the trained runs. The constant-answer "
+            "(one process). The before-RL rows are the step-0 evaluations of the trained runs (the base model after "
+            "the task's format warm-up, `train.warmup_steps`, if any). The constant-answer "
             "row replies the same best fixed answer (of 1 to 4 moves) to every problem of each seed's held-out set, "
             "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. Intervals are 95% "
             "Wilson intervals of the success pooled over seeds.", "", *lines, "",

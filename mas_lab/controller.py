@@ -83,7 +83,9 @@ def verdict(before: dict | None, after: dict | None, constant: dict | None = Non
     fixed = f"the best constant answer ({constant['answer']!r}, the same reply to every problem) solves {constant['success']:.3f} [{c_low:.2f}, {c_high:.2f}]"
     if a_low > c_high:
         return out + f"; above the best constant answer: {fixed}"
-    return out + f"; but not clearly above what a fixed answer scores: {fixed}, so the team may have learned one answer rather than to solve the task"
+    if a_low > b_high:
+        return out + f"; but not clearly above what a fixed answer scores: {fixed}, so the team may have learned one answer rather than to solve the task"
+    return out + f"; for comparison, {fixed}"
 
 
 def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:

@@ -35,6 +35,8 @@ def test_the_verdict_compares_with_the_best_constant_answer():
     assert "better after training" in below and "not clearly above" in below and "Moves: L" in below
     above = verdict(before, {"success": 0.5, "ci": [0.38, 0.62]}, {"answer": "Moves: L", "success": 0.156, "ci": [0.087, 0.264]})
     assert "above the best constant answer" in above and "not clearly" not in above
+    flat = verdict(before, {"success": 0.03, "ci": [0.01, 0.1]}, {"answer": "Moves: L", "success": 0.156, "ci": [0.087, 0.264]})
+    assert "no clear change" in flat and "for comparison, the best constant answer ('Moves: L'" in flat
 
 
 def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(tmp_path):
@@ -56,3 +58,21 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
     assert metrics["eval/constant_ci_low"] <= best.success <= metrics["eval/constant_ci_high"]
     summary = controller.summary()
     assert summary["constant"]["answer"] == best.answer
+
+
+def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it():
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
+    reproduce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reproduce)
+    runs = [{"regime": "MAS + AT-GRPO shared", "seed": seed, "task": "tasks/plan_path_learns.yaml", "cpu_s": 60.0,
+             "summary": {"eval_before": 0.0, "eval_after": after}} for seed, after in ((0, 0.5), (1, 0.25))]
+    lines, rows = reproduce.table(runs)
+    constant = rows["constant answer (no model)"]
+    expected = [reproduce.constant_baseline("tasks/plan_path_learns.yaml", seed) for seed in (0, 1)]
+    assert constant["n"] == 128 and abs(constant["pooled"] - sum(b.solved for b in expected) / 128) < 1e-12
+    assert any(line.startswith("| constant answer (no model) | 0, 1 |") for line in lines)
+    assert "MAS + AT-GRPO shared above constant answer (no model)" in reproduce.orderings(rows)

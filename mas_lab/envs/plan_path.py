@@ -83,8 +83,10 @@ def parse_moves(text: str) -> list[str]:
 
 
 def offset_text(rows: int, cols: int) -> str:
-    """Where G lies from S in words (" G is 1 row down and 2 columns right of S."); empty at the goal."""
-    parts = [f"{abs(n)} {unit}{'s' if abs(n) > 1 else ''} {word}"
+    """Where G lies from S in words, with the move letters of the straight way
+    (" G is 1 row down (D) and 2 columns right (R R) of S."); empty at the goal. Walls can block
+    the straight way, and the order of the moves is the agent's to choose."""
+    parts = [f"{abs(n)} {unit}{'s' if abs(n) > 1 else ''} {word} ({' '.join(word[0].upper() * abs(n))})"
              for n, unit, word in ((rows, "row", "down" if rows > 0 else "up"),
                                    (cols, "column", "right" if cols > 0 else "left")) if n]
     return f" G is {' and '.join(parts)} of S." if parts else ""
@@ -134,9 +136,9 @@ class PlanPathEnv(MovesGame):
     answer_hint = "End with one line 'Moves:' followed by your moves, one letter each (U, D, L or R)."
     # a worked example (fair for a 135M model, issue 12): it shows reading G's place from S, and its
     # answer is one the constant-answer baseline tries, so copying it is measured, not rewarded
-    answer_example = (" Example: if G is 2 rows up and 1 column right of S and no wall is in the way,"
+    answer_example = (" Example: if G is 2 rows up (U U) and 1 column right (R) of S and no wall is in the way,"
                       " the last line is: Moves: U U R")
-    program_example = " Example: if G is 2 rows up and 1 column right of S, the program is print(['U', 'U', 'R'])"
+    program_example = " Example: if G is 2 rows up (U U) and 1 column right (R) of S, the program is print(['U', 'U', 'R'])"
     shared = ToolPlannerEnv.shared + ("_dist",)  # BFS distances depend only on the problem
 
     def __init__(self, problem: Problem, params: Any = None):
