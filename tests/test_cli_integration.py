@@ -30,8 +30,9 @@ def finished_run(tmp_path_factory):
 def test_run_prints_progress_and_a_summary(finished_run):
     _, summary, proc = finished_run
     assert "step    3" in proc.stderr and "eval success before" in proc.stderr and "tokens per second" in proc.stderr
-    assert set(summary) == {"run_dir", "mlflow_run_id", "eval_before", "eval_after", "before", "after", "verdict", "steps",
-                            "stopped"}
+    assert set(summary) == {"run_dir", "mlflow_run_id", "eval_before", "eval_after", "before", "after", "constant",
+                            "verdict", "steps", "stopped"}
+    assert summary["constant"] is None and "best constant answer (no model)" in proc.stderr  # toy has none
     assert summary["steps"] == 3 and summary["stopped"] is False
 
 
