@@ -14,8 +14,7 @@ from pathlib import Path
 from mas_lab.store import RunStore
 
 PANELS = {
-    "success": ("held-out success (95% interval) and the best constant answer",
-                ["eval/success_rate", "eval/constant_success"]),
+    "success": ("held-out success (95% interval)", ["eval/success_rate", "eval/constant_success"]),
     "reward_per_role": ("mean reward per role", ["reward/"]),
     "reward_per_agent_turn": ("mean reward per (agent, turn)", ["reward/*/t"]),
     "team": ("team reward and zero-std share of groups", ["team_reward", "zero_std_frac"]),
