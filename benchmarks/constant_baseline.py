@@ -11,7 +11,7 @@ import argparse
 import json
 import time
 
-from mas_lab.baselines import best_constant
+from mas_lab.baselines import task_baseline
 from mas_lab.config import load_task
 from mas_lab.controller import wilson_interval
 from mas_lab.envs import ENVS, ProblemPool
@@ -27,7 +27,7 @@ params = env_cls.Params.coerce(task.env.params)
 for seed in args.seeds or [task.train.seed]:
     pool = ProblemPool(env_cls, params, seed, args.problems or task.train.eval_problems)
     started = time.perf_counter()
-    best = best_constant(env_cls, params, pool.eval_set, task.env.max_turns)
+    best = task_baseline(task, pool.eval_set)
     out = {"task": task.name, "seed": seed, "eval_problems": len(pool.eval_set),
            "answers_tried": len(env_cls.constant_answers(params)), "seconds": round(time.perf_counter() - started, 2)}
     if best is not None:

@@ -160,14 +160,12 @@ def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
 
 
 def constant_baseline(task_file: str, seed: int):
-    from mas_lab.baselines import best_constant
+    from mas_lab.baselines import task_baseline
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
     task = load_task(ROOT / task_file)
-    env_cls = ENVS[task.env.name]
-    pool = ProblemPool(env_cls, task.env.params, seed, task.train.eval_problems)
-    return best_constant(env_cls, env_cls.Params.coerce(task.env.params), pool.eval_set, task.env.max_turns)
+    return task_baseline(task, ProblemPool(ENVS[task.env.name], task.env.params, seed, task.train.eval_problems).eval_set)
 
 
 def eval_n(result: dict) -> int:

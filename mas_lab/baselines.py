@@ -12,9 +12,13 @@ answering role reads, and a constant answer does not read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from mas_lab.envs import ENVS
 from mas_lab.envs.base import Env, EnvParams, Problem
+
+if TYPE_CHECKING:
+    from mas_lab.config import TaskConfig
 
 
 @dataclass(frozen=True)
@@ -50,3 +54,9 @@ def best_constant(env_cls: type[Env], params: EnvParams, problems: Sequence[Prob
         if best is None or solved > best.solved:
             best = ConstantBaseline(answer, solved, len(problems))
     return best
+
+
+def task_baseline(task: "TaskConfig", problems: Sequence[Problem]) -> ConstantBaseline | None:
+    """`best_constant` with a task's environment, parameters and number of turns."""
+    env_cls = ENVS[task.env.name]
+    return best_constant(env_cls, env_cls.Params.coerce(task.env.params), problems, task.env.max_turns)

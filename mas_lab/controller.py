@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from mas_lab import checkpoint
 from mas_lab.background import Background
-from mas_lab.baselines import ConstantBaseline, best_constant
+from mas_lab.baselines import ConstantBaseline, task_baseline
 from mas_lab.algo import build_groups, build_trajectory_groups, filter_groups, group_stats, grpo_advantages
 from mas_lab.backend import PolicyBackend
 from mas_lab.config import TaskConfig
@@ -123,7 +124,6 @@ class Controller:
         self.control = RunControl(store)
         self.pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, task.train.eval_problems)
         self.generate: Generate = backend.generate
-        self._constant: tuple[ConstantBaseline | None] | None = None  # computed once, on first use
         self.step = 0  # the last finished step
         self.cursor = 0  # index of the next training problem
         self.last_checkpoint: int | None = None
@@ -199,7 +199,7 @@ class Controller:
         self.store.write_step(step, started_wall, episodes, "train", stats, metrics)
         return TrainStep(step, episodes, metrics)
 
-    def warm_up(self) -> dict[str, float]:
+    def warm_up(self) -> None:
         """The format warm-up (`train.warmup_steps`), before the first evaluation: each step takes
         the next problems_per_step training problems and, for every role, a reply in its answer
         format with random content (`Env.format_demo`: never read from the problem), and trains
@@ -215,10 +215,10 @@ class Controller:
         from mas_lab.rollout.engine import encode_chat
 
         task = self.task
-        tokenizers = {name: AutoTokenizer.from_pretrained(resolve(policy.model)) for name, policy in task.policies.items()}
+        by_model = {model: AutoTokenizer.from_pretrained(resolve(model)) for model in {p.model for p in task.policies.values()}}
+        tokenizers = {name: by_model[policy.model] for name, policy in task.policies.items()}
         rng = random.Random(call_seed(task.train.seed, "warmup"))
         roles = [r.name for r in task.roles]
-        losses: dict[str, list[float]] = {}
         for i in range(task.train.warmup_steps):
             samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
             for problem in self.next_problems():
@@ -231,12 +231,9 @@ class Controller:
                     messages = with_system(env.messages(role, 0), task.role(role).system_prompt)
                     samples[policy].append(Sample(encode_chat(tokenizer, messages), response, 1.0, demonstration=True))
             updates = self.backend.update(samples)
-            for name, update in updates.items():
-                losses.setdefault(name, []).append(update["nll"])
             self.store.event(0, "warmup", f"format warm-up step {i + 1}/{task.train.warmup_steps}: "
                              + ", ".join(f"nll/{n} {u['nll']:.3f}" for n, u in updates.items()))
         self.backend.sync_weights(0)
-        return {f"warmup_nll/{name}": values[-1] for name, values in losses.items()}
 
     def evaluate(self, step: int, samples: int = 1) -> dict[str, float]:
         """Episodes on the fixed held-out problems, one trajectory each (K = 1): greedy when
@@ -252,10 +249,11 @@ class Controller:
         low, high = wilson_interval(sum(e.success for e in episodes), len(episodes))
         metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
         # how many different first answers the team gave: 1 means one reply to every problem
-        answerers = {ENVS[self.task.env.name].answer_role, ENVS[self.task.env.name].single_role}
+        env_cls = ENVS[self.task.env.name]
+        answerers = {env_cls.answer_role, env_cls.single_role}
         metrics["eval/distinct_answers"] = float(len({t.candidates[t.chosen].response for e in episodes
                                                       for t in e.turns if t.turn == 0 and t.role in answerers}))
-        constant = self.constant_baseline()
+        constant = self.constant
         if constant is not None:
             metrics["eval/constant_success"] = constant.success
             metrics["eval/constant_ci_low"], metrics["eval/constant_ci_high"] = wilson_interval(constant.solved, constant.problems)
@@ -265,13 +263,10 @@ class Controller:
                          + (f"; best constant answer {constant.answer!r} {constant.success:.3f}" if constant else ""))
         return metrics
 
-    def constant_baseline(self) -> ConstantBaseline | None:
-        """The best fixed answer on the held-out problems (baselines.py), or None."""
-        if self._constant is None:
-            env_cls = ENVS[self.task.env.name]
-            self._constant = (best_constant(env_cls, env_cls.Params.coerce(self.task.env.params), self.pool.eval_set,
-                                            self.task.env.max_turns) if self.pool.eval_set else None,)
-        return self._constant[0]
+    @functools.cached_property
+    def constant(self) -> ConstantBaseline | None:
+        """The best fixed answer on the held-out problems (baselines.py), or None; computed once."""
+        return task_baseline(self.task, self.pool.eval_set) if self.pool.eval_set else None
 
     # --- the run: steps, safe points, checkpoints -------------------------------------------------
     def run(self, progress: Progress | None = None) -> dict[str, float]:
@@ -322,7 +317,7 @@ class Controller:
 
         before = at(evals[0] if evals else None)
         after = at(evals[-1] if evals and evals[-1] == self.step and self.step > evals[0] else None)
-        best = self.constant_baseline() if evals else None
+        best = self.constant if evals else None
         constant = None if best is None else {"answer": best.answer, "success": best.success,
                                               "ci": list(wilson_interval(best.solved, best.problems))}
         return {"eval_before": before["success"] if before else None, "eval_after": after["success"] if after else None,

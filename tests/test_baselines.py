@@ -51,7 +51,7 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
     task = load_task(ROOT / "tasks" / "plan_path_learns.yaml", ["policies.shared.model=tiny-test", "train.eval_problems=32"])
     controller = Controller(task, FakeBackend(FakeEngine(lambda c, n: "Moves: L")), RunStore(tmp_path / "run.db"))
     metrics = controller.evaluate(0)
-    best = controller.constant_baseline()
+    best = controller.constant
     assert metrics["eval/distinct_answers"] == 1.0
     assert best.problems == 32 and metrics["eval/constant_success"] == best.success
     assert metrics["eval/success_rate"] <= best.success

@@ -144,11 +144,11 @@ def test_an_illegal_plan_does_not_move_the_agent():
 def test_no_constant_answer_solves_much_of_the_held_out_set():
     """The best fixed answer of up to 4 moves solves at most ~1/4 of the learns task's held-out set
     (it was 20/64 when a plan could stop at G or at the border)."""
-    from mas_lab.baselines import best_constant
+    from mas_lab.baselines import task_baseline
 
     task = load_task(ROOT / "tasks" / "plan_path_learns.yaml")
     pool = ProblemPool(PlanPathEnv, task.env.params, task.train.seed, 64)
-    best = best_constant(PlanPathEnv, PlanPathEnv.Params.coerce(task.env.params), pool.eval_set, task.env.max_turns)
+    best = task_baseline(task, pool.eval_set)
     assert best is not None and best.problems == 64 and best.solved <= 16
 
 

@@ -178,7 +178,7 @@ class PlanPathEnv(MovesGame):
     def follow(self, pos: tuple[int, int], moves: list[str]) -> tuple[tuple[int, int], bool]:
         """Apply moves from pos until one is illegal; (end, all legal). The whole plan is walked:
         passing through G on the way is not arriving (else one fixed sweep of the grid would solve
-        most problems without reading them; tests/test_integrity.py)."""
+        most problems without reading them; tests/test_reward_hacks.py)."""
         grid = self.problem.data["grid"]
         limit = 4 * len(grid) * len(grid[0])
         for move in moves[:limit]:
