@@ -1,10 +1,12 @@
 """The paper's comparison (Table 1's shape) at CPU scale: every regime, several seeds, one budget.
 
-    .venv/bin/python benchmarks/reproduce.py [--seeds 0 1 2] [--only NAME ...] [--out sweeps/reproduce]
-        [--report-only] [--set key=value ...]            (make reproduce)
+    .venv/bin/python benchmarks/reproduce.py [--task plan_path|sokoban] [--seeds 0 1 2] [--only NAME ...]
+        [--out DIR] [--report-only] [--set key=value ...]            (make reproduce)
 
-Plan-Path on the settings of tasks/plan_path_learns.yaml (3x3, goal 1-2 moves away, 30 steps x 8
-problems x K 4, greedy evaluation on 64 held-out problems every 10 steps). Trained regimes:
+Two task families, each on its `*_learns` settings (30 steps x 8 problems x K 4 after a 20-step
+format warm-up, greedy evaluation on 64 held-out problems every 10 steps): Plan-Path
+(tasks/plan_path_learns.yaml: 3x3, goal 1-2 moves away) and Sokoban (tasks/sokoban_learns.yaml:
+6x6, one box, 1-2 moves). Trained regimes (Plan-Path's files; Sokoban's are named alike):
 
 - single agent + GRPO        tasks/plan_path_learns_single_agent.yaml
 - MAS + trajectory GRPO      tasks/plan_path_learns.yaml with algorithm.mode=mas_grpo
@@ -17,8 +19,8 @@ AT-GRPO shared runs). Each run is a real `mas-lab run --no-ray` (one process, so
 exact) whose run folder stays under --out; a run whose summary.json exists is not run again, so
 the script resumes where an earlier session stopped (runs go seed by seed: one seed of every
 regime first). After each per-role run, the swap ablation: `mas-lab eval --swap-policies` on its
-final checkpoint. After every run the generated section of docs/results.md and the curves in
-docs/images/reproduce_plan_path.png are rewritten from what is complete.
+final checkpoint. After every run the family's generated section of docs/results.md and its curves
+(docs/images/reproduce_<task>.png) are rewritten from what is complete.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from mas_lab.controller import wilson_interval
@@ -36,14 +39,46 @@ from mas_lab.controller import wilson_interval
 ROOT = Path(__file__).resolve().parents[1]
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 COMMON = ["train.eval_every=10"]
-REGIMES = {  # name -> (task file, overrides)
-    "single agent + GRPO": ("tasks/plan_path_learns_single_agent.yaml", []),
-    "MAS + trajectory GRPO": ("tasks/plan_path_learns.yaml", ["algorithm.mode=mas_grpo"]),
-    "MAS + AT-GRPO shared": ("tasks/plan_path_learns.yaml", []),
-    "MAS + AT-GRPO per-role LoRA": ("tasks/plan_path_learns_per_role_lora.yaml", []),
-}
+REGIME_NAMES = ("single agent + GRPO", "MAS + trajectory GRPO", "MAS + AT-GRPO shared", "MAS + AT-GRPO per-role LoRA")
 UNTRAINED = {"single agent (before RL)": "single agent + GRPO", "MAS (before RL)": "MAS + AT-GRPO shared"}
-BEGIN, END = "<!-- reproduce:begin (written by benchmarks/reproduce.py) -->", "<!-- reproduce:end -->"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One task family of the comparison: its task files (`<stem>.yaml`, `<stem>_single_agent.yaml`,
+    `<stem>_per_role_lora.yaml`), where its runs go, and its section of docs/results.md."""
+
+    key: str
+    title: str
+    stem: str
+    out: str
+    setting: str  # the settings in words, for the report
+
+    @property
+    def regimes(self) -> dict[str, tuple[str, list[str]]]:  # name -> (task file, overrides)
+        base = f"tasks/{self.stem}.yaml"
+        return {"single agent + GRPO": (f"tasks/{self.stem}_single_agent.yaml", []),
+                "MAS + trajectory GRPO": (base, ["algorithm.mode=mas_grpo"]),
+                "MAS + AT-GRPO shared": (base, []),
+                "MAS + AT-GRPO per-role LoRA": (f"tasks/{self.stem}_per_role_lora.yaml", [])}
+
+    @property
+    def begin(self) -> str:
+        return f"<!-- reproduce:{self.key}:begin (written by benchmarks/reproduce.py) -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- reproduce:{self.key}:end -->"
+
+    @property
+    def image(self) -> str:
+        return f"reproduce_{self.key}.png"
+
+
+FAMILIES = {f.key: f for f in (
+    Family("plan_path", "Plan-Path", "plan_path_learns", "sweeps/reproduce", "3x3, goal 1-2 moves away"),
+    Family("sokoban", "Sokoban", "sokoban_learns", "sweeps/reproduce-sokoban", "6x6, one box, solved in 1-2 moves"),
+)}
 
 
 def slug(name: str) -> str:
@@ -59,12 +94,12 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def run_regime(name: str, seed: int, out: Path, extra: list[str]) -> dict | None:
+def run_regime(family: Family, name: str, seed: int, out: Path, extra: list[str]) -> dict | None:
     folder = out / slug(name) / f"seed-{seed}"
     summary_file = folder / "summary.json"
     if summary_file.is_file():
         return json.loads(summary_file.read_text())
-    task, overrides = REGIMES[name]
+    task, overrides = family.regimes[name]
     folder.mkdir(parents=True, exist_ok=True)
     sets = [*COMMON, *overrides, *extra, f"train.seed={seed}", f"tracking.runs_dir={folder / 'runs'}",
             f"tracking.mlflow_uri=sqlite:///{(out / 'mlruns.db').resolve()}"]
@@ -130,6 +165,7 @@ def cell(rates: list[tuple[float, int]]) -> dict:
 
 
 def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
+    """The Table-1 rows of one family's complete runs (untrained, trained, constant answer)."""
     by_regime: dict[str, list[dict]] = {}
     for r in results:
         by_regime.setdefault(r["regime"], []).append(r)
@@ -138,7 +174,7 @@ def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
         runs = by_regime.get(source, [])
         if runs:
             rows[name] = {**cell([(r["summary"]["eval_before"], eval_n(r)) for r in runs]), "runs": runs, "trained": False}
-    for name in REGIMES:
+    for name in REGIME_NAMES:
         runs = by_regime.get(name, [])
         if runs:
             rows[name] = {**cell([(r["summary"]["eval_after"], eval_n(r)) for r in runs]), "runs": runs, "trained": True}
@@ -188,7 +224,7 @@ def plot(results: list[dict], image: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colours = dict(zip(REGIMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    colours = dict(zip(REGIME_NAMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for r in results:
         data = curves(r)
         colour = colours[r["regime"]]
@@ -212,20 +248,32 @@ def plot(results: list[dict], image: Path) -> None:
     plt.close(fig)
 
 
-def report(results: list[dict], out: Path) -> None:
-    image = ROOT / "docs" / "images" / "reproduce_plan_path.png"
+def swap_lines(results: list[dict]) -> list[str]:
+    """The swap ablation of the per-role runs, one line per seed."""
+    lines = []
+    for r in results:
+        if s := r.get("swap"):
+            lines.append(f"- seed {r['seed']}: trained {r['summary']['eval_after']:.3f} -> swapped "
+                         f"{s['success_rate']:.3f} [{s['success_ci_low']:.3f}, {s['success_ci_high']:.3f}]")
+    return lines
+
+
+def report(family: Family, results: list[dict], out: Path) -> None:
+    image = ROOT / "docs" / "images" / family.image
     lines, rows = table(results)
     if results:
         plot(results, image)
-    swaps = [r for r in results if r.get("swap")]
+    swaps = swap_lines(results)
     cpu_h = sum(r["cpu_s"] for r in results) / 3600
     wall_h = sum(r["wall_s"] for r in results) / 3600
     done = {(r["regime"], r["seed"]) for r in results}
-    missing = [f"{name} seed {seed}" for seed in sorted({r['seed'] for r in results} | {0, 1, 2}) for name in REGIMES
-               if (name, seed) not in done]
-    text = [BEGIN, "", "### The paper's comparison at CPU scale (Plan-Path)", "",
-            "Command: `make reproduce` (`.venv/bin/python benchmarks/reproduce.py --seeds 0 1 2`). Every regime on "
-            "the settings of `tasks/plan_path_learns.yaml` with the same budget: 30 steps x 8 problems x K = 4, "
+    missing = [f"{name} seed {seed}" for seed in sorted({r['seed'] for r in results} | {0, 1, 2})
+               for name in REGIME_NAMES if (name, seed) not in done]
+    command = f"make reproduce TASKS={family.key}"
+    text = [family.begin, "", f"### The paper's comparison at CPU scale ({family.title})", "",
+            f"Command: `{command}` (`.venv/bin/python benchmarks/reproduce.py --task {family.key} --seeds 0 1 2`). "
+            f"Every regime on the settings of `tasks/{family.stem}.yaml` ({family.setting}) with the same budget: "
+            "30 steps x 8 problems x K = 4, "
             "greedy evaluation on the same 64 held-out problems (per seed) every 10 steps; runs in `--no-ray` "
             "(one process). The before-RL rows are the step-0 evaluations of the trained runs (the base model after "
             "the task's format warm-up, `train.warmup_steps`, if any). The constant-answer "
@@ -237,22 +285,16 @@ def report(results: list[dict], out: Path) -> None:
             "Orderings the intervals support: " + "; ".join(orderings(rows)) + ".", ""]
     if swaps:
         text += ["Swap ablation (per-role LoRA, final checkpoint, role -> policy map swapped, `mas-lab eval "
-                 "--swap-policies`):", ""]
-        for r in swaps:
-            s = r["swap"]
-            text.append(f"- seed {r['seed']}: trained {r['summary']['after']:.3f} -> swapped "
-                        f"{s.get('success_rate', float('nan')):.3f} [{s.get('success_ci_low', 0):.3f}, "
-                        f"{s.get('success_ci_high', 1):.3f}]")
-        text.append("")
+                 "--swap-policies`):", "", *swaps, ""]
     if results:
-        text += ["![learning curves](images/reproduce_plan_path.png)", ""]
-    text.append(END)
+        text += [f"![learning curves](images/{family.image})", ""]
+    text.append(family.end)
     results_md = ROOT / "docs" / "results.md"
     current = results_md.read_text()
     block = "\n".join(text)
-    if BEGIN in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + block + rest.split(END, 1)[1]
+    if family.begin in current:
+        head, rest = current.split(family.begin, 1)
+        current = head + block + rest.split(family.end, 1)[1]
     else:
         current = current.rstrip("\n") + "\n\n" + block + "\n"
     results_md.write_text(current)
@@ -261,26 +303,28 @@ def report(results: list[dict], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--task", choices=list(FAMILIES), default="plan_path", help="task family")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--only", nargs="+", default=None, help="regime names (default: all)")
-    parser.add_argument("--out", default="sweeps/reproduce")
+    parser.add_argument("--out", default=None, help="run folders (default: the family's, e.g. sweeps/reproduce)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--set", action="append", default=[], help="an override for every run (smoke tests)")
     args = parser.parse_args()
-    out = (ROOT / args.out).resolve()
+    family = FAMILIES[args.task]
+    out = (ROOT / (args.out or family.out)).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    names = [n for n in REGIMES if args.only is None or n in args.only]
+    names = [n for n in REGIME_NAMES if args.only is None or n in args.only]
 
     def complete() -> list[dict]:
         found = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed-*/summary.json"))]
-        return sorted(found, key=lambda r: (list(REGIMES).index(r["regime"]), r["seed"]))
+        return sorted(found, key=lambda r: (REGIME_NAMES.index(r["regime"]), r["seed"]))
 
     if not args.report_only:
         for seed in args.seeds:
             for name in names:
-                if run_regime(name, seed, out, args.set) is not None:
-                    report(complete(), out)
-    report(complete(), out)
+                if run_regime(family, name, seed, out, args.set) is not None:
+                    report(family, complete(), out)
+    report(family, complete(), out)
     print(json.dumps([{k: r[k] for k in ("regime", "seed", "wall_s", "cpu_s")} | {
         "before": r["summary"]["eval_before"], "after": r["summary"]["eval_after"]} for r in complete()]))
 

@@ -82,14 +82,14 @@ def parse_moves(text: str) -> list[str]:
 
 
 
-def offset_text(rows: int, cols: int) -> str:
-    """Where G lies from S in words, with the move letters of the straight way
-    (" G is 1 row down (D) and 2 columns right (R R) of S."); empty at the goal. Walls can block
-    the straight way, and the order of the moves is the agent's to choose."""
+def offset_text(rows: int, cols: int, thing: str = "G", origin: str = "S") -> str:
+    """Where `thing` lies from `origin` in words, with the move letters of the straight way
+    (" G is 1 row down (D) and 2 columns right (R R) of S."); empty where they meet. Walls can
+    block the straight way, and the order of the moves is the agent's to choose."""
     parts = [f"{abs(n)} {unit}{'s' if abs(n) > 1 else ''} {word} ({' '.join(word[0].upper() * abs(n))})"
              for n, unit, word in ((rows, "row", "down" if rows > 0 else "up"),
                                    (cols, "column", "right" if cols > 0 else "left")) if n]
-    return f" G is {' and '.join(parts)} of S." if parts else ""
+    return f" {thing} is {' and '.join(parts)} of {origin}." if parts else ""
 
 
 class MovesGame(ToolPlannerEnv):

@@ -5,19 +5,22 @@ targets and the player walks and *pulls* boxes at random; the state reached is t
 A breadth-first solver over (player, boxes) then gives the optimal number of moves (and rejects
 starts that are already solved). Tool agent + planner as in envs/games.py; answers are move lists.
 
-Team reward: 1 when every box is on a target, else 0.5 * the fraction of boxes on targets.
+Team reward: 1 when every box is on a target, else 0.5 * the fraction of boxes on targets. As in
+Plan-Path, a plan is walked to its end (a box pushed over its target and on is not on it) and only
+when every move is legal (else nothing moves): a fixed sweep cannot use "stop when solved", walls
+or the border to solve many problems.
 """
 from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Any
+from typing import Any, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mas_lab.envs.base import Problem
 from mas_lab.envs.games import GameParams
-from mas_lab.envs.plan_path import MOVES, MovesGame
+from mas_lab.envs.plan_path import MOVES, MovesGame, offset_text
 
 Pos = tuple[int, int]
 
@@ -63,6 +66,13 @@ class SokobanParams(GameParams):
     wall_prob: float = Field(0.1, ge=0.0, le=0.5, description="probability that an inner cell is a wall")
     reverse_steps: int = Field(30, ge=1, le=1000, description="random pulls from the solved state")
     min_moves: int = Field(3, ge=1, description="least moves of the optimal solution")
+    max_moves: Optional[int] = Field(None, ge=1, description="most moves of the optimal solution (default: no limit)")
+
+    @model_validator(mode="after")
+    def _moves_range(self) -> "SokobanParams":
+        if self.max_moves is not None and self.max_moves < self.min_moves:
+            raise ValueError(f"max_moves ({self.max_moves}) must be at least min_moves ({self.min_moves})")
+        return self
 
 
 class SokobanEnv(MovesGame):
@@ -111,7 +121,7 @@ class SokobanEnv(MovesGame):
             if boxes == targets:
                 continue
             path = solve(walls, player, boxes, targets)
-            if path and len(path) >= params.min_moves:
+            if path and params.min_moves <= len(path) <= (params.max_moves or len(path)):
                 return Problem({"grid": ["".join(row) for row in grid], "player": list(player),
                                 "boxes": sorted(list(b) for b in boxes), "targets": sorted(list(t) for t in targets),
                                 "optimal": len(path)})
@@ -122,14 +132,16 @@ class SokobanEnv(MovesGame):
         return 1.0 if on == len(self.targets) else 0.5 * on / len(self.targets)
 
     def apply(self, moves: list[str]) -> bool:
-        walls = self.walls
-        for move in moves[: 8 * len(self.problem.data["grid"]) ** 2]:
-            if self.boxes == self.targets:
-                break
-            nxt = _step(walls, self.player, self.boxes, move)
+        """All or nothing, walked to the end (see the module docstring)."""
+        if len(moves) > 8 * len(self.problem.data["grid"]) ** 2:
+            return False
+        walls, player, boxes = self.walls, self.player, self.boxes
+        for move in moves:
+            nxt = _step(walls, player, boxes, move)
             if nxt is None:
                 return False
-            self.player, self.boxes = nxt
+            player, boxes = nxt
+        self.player, self.boxes = player, boxes
         return True
 
     def render(self) -> str:
@@ -142,11 +154,22 @@ class SokobanEnv(MovesGame):
         grid[r][c] = "+" if (r, c) in self.targets else "P"
         return "\n".join("".join(row) for row in grid)
 
+    def _offsets(self) -> str:
+        """With one box, where it lies from you and where its target lies from it, in words and
+        move letters (as Plan-Path states G's offset): reading them is not yet solving, since
+        the push needs you on the box's far side."""
+        if len(self.boxes) != 1:
+            return ""
+        (br, bc), (tr, tc) = next(iter(self.boxes)), next(iter(self.targets))
+        return (offset_text(br - self.player[0], bc - self.player[1], "The box", "you")
+                + offset_text(tr - br, tc - bc, "The target", "the box"))
+
     def task_text(self) -> str:
         return (
             f"Sokoban ({len(self.problem.data['grid'])}x{len(self.problem.data['grid'])}): push every box onto a target.\n"
             "'#' wall, '.' floor, 'O' target, 'B' box, '*' box on a target, 'P' you, '+' you on a target; row 0 at the top.\n"
             f"{self.render()}\n"
-            f"You are at row {self.player[0]}, col {self.player[1]}. Boxes at {sorted(self.boxes)}; targets at {sorted(self.targets)}.\n"
+            f"You are at row {self.player[0]}, col {self.player[1]}. Boxes at {sorted(self.boxes)}; targets at {sorted(self.targets)}."
+            f"{self._offsets()}\n"
             "Moves: U (row-1), D (row+1), L (col-1), R (col+1); walking into a box pushes it."
         )
