@@ -108,3 +108,22 @@ def test_the_swap_ablation_lines_read_the_eval_json():
             {"seed": 1, "summary": {"eval_after": 0.25},
              "swap": {"success_rate": 0.125, "success_ci_low": 0.06, "success_ci_high": 0.23}}]
     assert reproduce.swap_lines(runs) == ["- seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"]
+
+
+def test_the_reading_baseline_copies_the_letters_the_observation_states():
+    import importlib.util
+    import random
+
+    from conftest import ROOT
+    from mas_lab.envs.plan_path import PlanPathEnv
+
+    spec = importlib.util.spec_from_file_location("reading_baseline", ROOT / "benchmarks" / "reading_baseline.py")
+    reading = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reading)
+    answers = reading.reading_answers("S (you) is at row 2, col 0; G is at row 0, col 1. G is 2 rows up (U U) and "
+                                      "1 column right (R) of S.\nMoves: U (row-1), D (row+1), L (col-1), R (col+1).")
+    assert answers == {"sentence 1": "Moves: U U R", "sentence 1 swapped": "Moves: R U U"}
+    problem = PlanPathEnv.draw_problem(random.Random(2), {"size": 3, "wall_prob": 0.0, "min_distance": 1})
+    env = PlanPathEnv(problem, {"size": 3, "wall_prob": 0.0, "min_distance": 1})
+    stated = reading.reading_answers(env.observe("planner", 0))["sentence 1"]
+    assert env.step("planner", 0, stated).components["value"] == 1.0  # no walls: the straight way arrives

@@ -1,0 +1,61 @@
+"""How far does reading alone go? Answers copied from the move letters that a move game's
+observation states in parentheses (Plan-Path: "G is 2 rows up (U U) and 1 column right (R) of
+S."; Sokoban: the box's offset from you, then the target's from the box), played on the held-out
+problems without a model. It bounds what a team that learned to read (not to plan) can reach, as
+the constant-answer baseline (benchmarks/constant_baseline.py) bounds a team that reads nothing.
+
+    .venv/bin/python benchmarks/reading_baseline.py [TASK.yaml] [--seeds 0 1 2]
+
+Prints one JSON line per seed: problems solved by each fixed reading rule (sentence k's letters in
+the stated order, or its two groups swapped), and by the best rule per problem ("any").
+"""
+import argparse
+import json
+import re
+
+from mas_lab.baselines import solves
+from mas_lab.config import load_task
+from mas_lab.envs import ENVS, ProblemPool
+
+SENTENCE = re.compile(r"[^.\n]*\([UDLR](?: [UDLR])*\)[^.\n]*\.")
+GROUP = re.compile(r"\(([UDLR](?: [UDLR])*)\)")
+
+
+def reading_answers(observation: str) -> dict[str, str]:
+    """rule -> "Moves: ..." built from the observation's letters."""
+    sentences = [GROUP.findall(s) for s in SENTENCE.findall(observation)]
+    rules = {}
+    for k, groups in enumerate(sentences, 1):
+        rules[f"sentence {k}"] = " ".join(groups)
+        if len(groups) == 2:
+            rules[f"sentence {k} swapped"] = " ".join(groups[::-1])
+    if len(sentences) > 1:
+        rules["all sentences"] = " ".join(g for groups in sentences for g in groups)
+    return {rule: f"Moves: {letters}" for rule, letters in rules.items() if letters}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("task", nargs="?", default="tasks/plan_path_learns.yaml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    args = parser.parse_args()
+    task = load_task(args.task)
+    env_cls = ENVS[task.env.name]
+    params = env_cls.Params.coerce(task.env.params)
+    answerer = env_cls.answer_role or task.roles[-1].name
+    for seed in args.seeds or [task.train.seed]:
+        pool = ProblemPool(env_cls, params, seed, task.train.eval_problems)
+        solved: dict[str, int] = {}
+        any_rule = 0
+        for problem in pool.eval_set:
+            answers = reading_answers(env_cls(problem, params).observe(answerer, 0))
+            hits = {rule for rule, answer in answers.items() if solves(env_cls, problem, params, answer, 1)}
+            for rule in answers:
+                solved[rule] = solved.get(rule, 0) + (rule in hits)
+            any_rule += bool(hits)
+        print(json.dumps({"task": args.task, "seed": seed, "problems": len(pool.eval_set), "solved": solved,
+                          "any": any_rule}))
+
+
+if __name__ == "__main__":
+    main()
