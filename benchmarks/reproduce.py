@@ -16,9 +16,10 @@ format warm-up, greedy evaluation on 64 held-out problems every 10 steps): Plan-
 The untrained rows are the step-0 evaluations of those runs (the same held-out problems for the
 same seed; every MAS regime starts from the same base model, so MAS untrained is read from the
 AT-GRPO shared runs). Each run is a real `mas-lab run --no-ray` (one process, so its CPU time is
-exact) whose run folder stays under --out; a run whose summary.json exists is not run again, so
-the script resumes where an earlier session stopped (runs go seed by seed: one seed of every
-regime first). After each per-role run, the swap ablation: `mas-lab eval --swap-policies` on its
+exact) whose run folder stays under --out; a run whose summary.json exists is not run again, and
+a run an earlier session left unfinished continues from its last checkpoint (`mas-lab run
+--resume`), so the script resumes where that session stopped, losing at most the step in flight
+(runs go seed by seed: one seed of every regime first). After each per-role run, the swap ablation: `mas-lab eval --swap-policies` on its
 final checkpoint. After every run the family's generated section of docs/results.md and its curves
 (docs/images/reproduce_<task>.png) are rewritten from what is complete.
 """
@@ -26,10 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +98,28 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds of a running process and of its children it has waited for (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+def unfinished(folder: Path) -> Path | None:
+    """The run folder an earlier, interrupted attempt left with a checkpoint to resume from; an
+    attempt stopped before its first checkpoint is removed (it had nothing to keep)."""
+    from mas_lab import checkpoint
+
+    for run_dir in sorted(p.parent for p in (folder / "runs").glob("*/run.db")):
+        if checkpoint.complete(run_dir):
+            return run_dir
+        shutil.rmtree(run_dir)
+    return None
+
+
 def run_regime(family: Family, name: str, seed: int, out: Path, extra: list[str]) -> dict | None:
+    """One regime and seed: a fresh `mas-lab run`, or `mas-lab run --resume` of the attempt an
+    earlier session left (a session that ends mid-run loses at most the step in flight). Wall and
+    CPU time add up over the attempts (segments.json, written every 15 s while a run goes)."""
     folder = out / slug(name) / f"seed-{seed}"
     summary_file = folder / "summary.json"
     if summary_file.is_file():
@@ -104,17 +129,40 @@ def run_regime(family: Family, name: str, seed: int, out: Path, extra: list[str]
     sets = [*COMMON, *overrides, *extra, f"train.seed={seed}", f"tracking.runs_dir={folder / 'runs'}",
             f"tracking.mlflow_uri=sqlite:///{(out / 'mlruns.db').resolve()}"]
     command = [MAS_LAB, "run", task, "--no-ray", *[a for s in sets for a in ("--set", s)]]
-    print(f"[reproduce] {name} seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    resume_dir = unfinished(folder)
+    segments_file = folder / "segments.json"
+    segments = json.loads(segments_file.read_text()) if resume_dir and segments_file.is_file() else []
+    launch = [MAS_LAB, "run", "--resume", str(resume_dir), "--no-ray"] if resume_dir else command
+    print(f"[reproduce] {name} seed {seed}: {' '.join(launch[1:])}", file=sys.stderr, flush=True)
+    segment = {"resumed": str(resume_dir) if resume_dir else None, "wall_s": 0.0, "cpu_s": 0.0}
+    segments.append(segment)
     cpu, started = cpu_children(), time.perf_counter()
-    with open(folder / "run.log", "w") as log:
-        proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+    with open(folder / "run.log", "a" if resume_dir else "w") as log:
+        proc = subprocess.Popen(launch, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        output: list[str] = []
+        reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            try:
+                segment.update(wall_s=round(time.perf_counter() - started, 1), cpu_s=round(process_cpu(proc.pid), 1))
+            except (OSError, ValueError, IndexError):
+                pass  # the process ended between poll() and the read
+            segments_file.write_text(json.dumps(segments, indent=1))
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        reader.join()
+    segment.update(wall_s=round(time.perf_counter() - started, 1), cpu_s=round(cpu_children() - cpu, 1))
+    segments_file.write_text(json.dumps(segments, indent=1))
     if proc.returncode != 0:
         print(f"[reproduce] {name} seed {seed} failed (exit {proc.returncode}); see {folder / 'run.log'}", file=sys.stderr)
         return None
-    summary = last_json(proc.stdout)
+    summary = last_json("".join(output))
     result = {"regime": name, "seed": seed, "task": task, "overrides": sets, "command": " ".join(command[1:]),
-              "run_dir": str((ROOT / summary["run_dir"]).resolve()), "wall_s": round(time.perf_counter() - started, 1),
-              "cpu_s": round(cpu_children() - cpu, 1), "summary": summary}
+              "run_dir": str((ROOT / summary["run_dir"]).resolve()),
+              "wall_s": round(sum(x["wall_s"] for x in segments), 1), "cpu_s": round(sum(x["cpu_s"] for x in segments), 1),
+              "attempts": len(segments), "summary": summary}
     if name == "MAS + AT-GRPO per-role LoRA":
         result["swap"] = swap_eval(task, seed, Path(result["run_dir"]), folder)
     summary_file.write_text(json.dumps(result, indent=1))

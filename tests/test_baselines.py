@@ -60,56 +60,6 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
     assert summary["constant"]["answer"] == best.answer
 
 
-def _reproduce_module():
-    import importlib.util
-    import sys
-
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
-    reproduce = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = reproduce  # dataclasses look their module up
-    spec.loader.exec_module(reproduce)
-    return reproduce
-
-
-def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it():
-    reproduce = _reproduce_module()
-    runs = [{"regime": "MAS + AT-GRPO shared", "seed": seed, "task": "tasks/plan_path_learns.yaml", "cpu_s": 60.0,
-             "summary": {"eval_before": 0.0, "eval_after": after}} for seed, after in ((0, 0.5), (1, 0.25))]
-    lines, rows = reproduce.table(runs)
-    constant = rows["constant answer (no model)"]
-    expected = [reproduce.constant_baseline("tasks/plan_path_learns.yaml", seed) for seed in (0, 1)]
-    assert constant["n"] == 128 and abs(constant["pooled"] - sum(b.solved for b in expected) / 128) < 1e-12
-    assert any(line.startswith("| constant answer (no model) | 0, 1 |") for line in lines)
-    assert "MAS + AT-GRPO shared above constant answer (no model)" in reproduce.orderings(rows)
-
-
-def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
-    """The regimes of a family differ only in the team and the update: same env, problems, steps,
-    K, warm-up and evaluation (the paper's comparison at one budget)."""
-    from mas_lab.config import load_task
-
-    from conftest import ROOT
-
-    reproduce = _reproduce_module()
-    assert set(reproduce.FAMILIES) >= {"plan_path", "sokoban"}
-    for family in reproduce.FAMILIES.values():
-        tasks = [load_task(ROOT / task) for task, _ in family.regimes.values()]
-        budgets = {(t.env.model_dump_json(), t.train.steps, t.train.problems_per_step, t.algorithm.k,
-                    t.train.warmup_steps, t.train.eval_problems) for t in tasks}
-        assert len(budgets) == 1, family.key
-        assert family.begin != family.end and family.key in family.image
-
-
-def test_the_swap_ablation_lines_read_the_eval_json():
-    reproduce = _reproduce_module()
-    runs = [{"seed": 0, "summary": {"eval_after": 0.5}},
-            {"seed": 1, "summary": {"eval_after": 0.25},
-             "swap": {"success_rate": 0.125, "success_ci_low": 0.06, "success_ci_high": 0.23}}]
-    assert reproduce.swap_lines(runs) == ["- seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"]
-
-
 def test_the_reading_baseline_copies_the_letters_the_observation_states():
     import importlib.util
     import random

@@ -1,0 +1,101 @@
+"""benchmarks/reproduce.py: the comparison's families, table, swap ablation and resume of an
+interrupted run (a real toy `mas-lab run`, SIGKILLed after a checkpoint, then continued)."""
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+def _reproduce_module():
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
+    reproduce = importlib.util.module_from_spec(spec)
+    sys.modules["reproduce"] = reproduce  # dataclasses look their module up
+    spec.loader.exec_module(reproduce)
+    return reproduce
+
+
+def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it():
+    reproduce = _reproduce_module()
+    runs = [{"regime": "MAS + AT-GRPO shared", "seed": seed, "task": "tasks/plan_path_learns.yaml", "cpu_s": 60.0,
+             "summary": {"eval_before": 0.0, "eval_after": after}} for seed, after in ((0, 0.5), (1, 0.25))]
+    lines, rows = reproduce.table(runs)
+    constant = rows["constant answer (no model)"]
+    expected = [reproduce.constant_baseline("tasks/plan_path_learns.yaml", seed) for seed in (0, 1)]
+    assert constant["n"] == 128 and abs(constant["pooled"] - sum(b.solved for b in expected) / 128) < 1e-12
+    assert any(line.startswith("| constant answer (no model) | 0, 1 |") for line in lines)
+    assert "MAS + AT-GRPO shared above constant answer (no model)" in reproduce.orderings(rows)
+
+
+def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
+    """The regimes of a family differ only in the team and the update: same env, problems, steps,
+    K, warm-up and evaluation (the paper's comparison at one budget)."""
+    from mas_lab.config import load_task
+
+    from conftest import ROOT
+
+    reproduce = _reproduce_module()
+    assert set(reproduce.FAMILIES) >= {"plan_path", "sokoban"}
+    for family in reproduce.FAMILIES.values():
+        tasks = [load_task(ROOT / task) for task, _ in family.regimes.values()]
+        budgets = {(t.env.model_dump_json(), t.train.steps, t.train.problems_per_step, t.algorithm.k,
+                    t.train.warmup_steps, t.train.eval_problems) for t in tasks}
+        assert len(budgets) == 1, family.key
+        assert family.begin != family.end and family.key in family.image
+
+
+def test_the_swap_ablation_lines_read_the_eval_json():
+    reproduce = _reproduce_module()
+    runs = [{"seed": 0, "summary": {"eval_after": 0.5}},
+            {"seed": 1, "summary": {"eval_after": 0.25},
+             "swap": {"success_rate": 0.125, "success_ci_low": 0.06, "success_ci_high": 0.23}}]
+    assert reproduce.swap_lines(runs) == ["- seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"]
+
+
+def _kill_runs_under(folder: Path) -> int:
+    """SIGKILL every process whose command line names `folder` (the driver's `mas-lab run`)."""
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(folder) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except OSError:
+            pass
+    return killed
+
+
+def test_an_interrupted_regime_run_resumes_from_its_checkpoint_and_adds_its_times(tmp_path):
+    reproduce = _reproduce_module()
+    family = reproduce.Family("toy", "Toy", "toy", str(tmp_path), "toy")
+    extra = ["train.steps=6", "train.eval_every=3", "checkpoint.every=1"]
+    first: list = []
+    driver = threading.Thread(target=lambda: first.append(
+        reproduce.run_regime(family, "MAS + AT-GRPO shared", 0, tmp_path, extra)))
+    driver.start()
+    deadline = time.monotonic() + 300
+    folder = tmp_path / reproduce.slug("MAS + AT-GRPO shared") / "seed-0"
+    while not list(folder.glob("runs/*/checkpoints/step-000002/manifest.json")):
+        assert time.monotonic() < deadline and driver.is_alive(), "no checkpoint at step 2"
+        time.sleep(0.2)
+    assert _kill_runs_under(tmp_path) >= 1
+    driver.join(timeout=60)
+    assert first == [None]  # the killed attempt wrote no summary
+    assert not (folder / "summary.json").exists()
+    result = reproduce.run_regime(family, "MAS + AT-GRPO shared", 0, tmp_path, extra)
+    assert result is not None and result["attempts"] == 2
+    segments = json.loads((folder / "segments.json").read_text())
+    assert segments[0]["resumed"] is None and segments[1]["resumed"] == result["run_dir"]
+    assert all(x["cpu_s"] > 0 and x["wall_s"] > 0 for x in segments)
+    assert result["cpu_s"] == pytest.approx(sum(x["cpu_s"] for x in segments), abs=0.2)
+    assert result["summary"]["steps"] == 6 and result["summary"]["eval_before"] is not None
+    assert result["summary"]["eval_after"] is not None
+    assert len(list(folder.glob("runs/*/run.db"))) == 1  # continued, not started again
+    assert "resumed from step-" in (folder / "run.log").read_text()
