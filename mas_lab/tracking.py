@@ -5,8 +5,12 @@ per step. The default store is a local SQLite file (`sqlite:///mlruns.db`).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +29,24 @@ def resolve_uri(uri: str, base: Path | None = None) -> str:
     return uri
 
 
+@contextlib.contextmanager
+def _setup_lock(uri: str):
+    """One process at a time sets up a local SQLite store: MLflow creates its tables and the
+    experiment on first use, and two runs starting together against a fresh file both try to
+    ("table experiment_tags already exists"). The lock file lives in the temp folder, keyed by
+    the store's path, so nothing is left beside the store."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    key = hashlib.sha256(str(Path(uri[len("sqlite:///"):]).resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"mas-lab-mlflow-{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None):
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
@@ -34,13 +56,14 @@ class Tracker:
             logging.getLogger(name).setLevel(logging.WARNING)
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-        if run_id is None:
-            run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
-        else:
-            self.client.update_run(run_id, status="RUNNING")
+        with _setup_lock(uri):
+            self.client = MlflowClient(tracking_uri=uri)
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            if run_id is None:
+                run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+            else:
+                self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
 
     def log_params(self, params: dict[str, str]) -> None:

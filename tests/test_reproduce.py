@@ -99,3 +99,21 @@ def test_an_interrupted_regime_run_resumes_from_its_checkpoint_and_adds_its_time
     assert result["summary"]["eval_after"] is not None
     assert len(list(folder.glob("runs/*/run.db"))) == 1  # continued, not started again
     assert "resumed from step-" in (folder / "run.log").read_text()
+
+
+def test_two_jobs_run_the_queue_side_by_side_with_one_thread_each(tmp_path, monkeypatch):
+    import sys
+
+    reproduce = _reproduce_module()
+    monkeypatch.setattr(reproduce, "FAMILIES", {"toy": reproduce.Family("toy", "Toy", "toy", str(tmp_path), "toy")})
+    reports: list[int] = []
+    monkeypatch.setattr(reproduce, "report", lambda family, results, out: reports.append(len(results)))
+    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--task", "toy", "--seeds", "0", "--jobs", "2", "--only",
+                                      "single agent + GRPO", "MAS + AT-GRPO shared", "--set", "train.steps=2"])
+    reproduce.main()
+    results = reproduce.complete(tmp_path)
+    assert sorted(r["regime"] for r in results) == ["MAS + AT-GRPO shared", "single agent + GRPO"]
+    assert all("resources.torch_threads=1" in r["overrides"] for r in results)
+    assert all(r["summary"]["steps"] == 2 and r["summary"]["eval_after"] is not None for r in results)
+    assert sorted(reports)[:2] == [1, 2] and reports[-1] == 2  # after each run, then once at the end
