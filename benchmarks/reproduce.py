@@ -380,7 +380,9 @@ def main() -> None:
     extra = list(args.set)
     if args.jobs > 1 and not any(s.startswith("resources.torch_threads=") for s in extra):
         extra.append(f"resources.torch_threads={max(1, (os.cpu_count() or 1) // args.jobs)}")
-    queue = [(f, name, seed) for seed in args.seeds for f in families for name in names]  # seed by seed
+    # seed by seed, and within a seed regime by regime across the families: the first complete
+    # tables come first, and two jobs run the same regime of two families side by side
+    queue = [(f, name, seed) for seed in args.seeds for name in names for f in families]
     lock = threading.Lock()
 
     def work() -> None:
