@@ -323,7 +323,8 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     command = f"make reproduce TASKS={family.key}"
     text = [family.begin, "", f"### The paper's comparison at CPU scale ({family.title})", "",
             f"Command: `{command}` (`.venv/bin/python benchmarks/reproduce.py --task {family.key} --seeds 0 1 2 "
-            "--jobs 2`: two runs at a time, one torch thread each, so a run's wall time is that of a shared machine). "
+            "--jobs 2`: two runs at a time, one torch thread each, so wall times are those of a shared machine; each "
+            "run's command, with its thread setting, is kept in its summary.json). "
             f"Every regime on the settings of `tasks/{family.stem}.yaml` ({family.setting}) with the same budget: "
             "30 steps x 8 problems x K = 4, "
             "greedy evaluation on the same 64 held-out problems (per seed) every 10 steps; runs in `--no-ray` "
