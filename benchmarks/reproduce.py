@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -89,11 +88,6 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
 
 
-def cpu_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
@@ -136,24 +130,28 @@ def run_regime(family: Family, name: str, seed: int, out: Path, extra: list[str]
     print(f"[reproduce] {name} seed {seed}: {' '.join(launch[1:])}", file=sys.stderr, flush=True)
     segment = {"resumed": str(resume_dir) if resume_dir else None, "wall_s": 0.0, "cpu_s": 0.0}
     segments.append(segment)
-    cpu, started = cpu_children(), time.perf_counter()
+    started = time.perf_counter()
     with open(folder / "run.log", "a" if resume_dir else "w") as log:
         proc = subprocess.Popen(launch, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
         output: list[str] = []
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
         reader.start()
-        while proc.poll() is None:
-            try:
-                segment.update(wall_s=round(time.perf_counter() - started, 1), cpu_s=round(process_cpu(proc.pid), 1))
-            except (OSError, ValueError, IndexError):
-                pass  # the process ended between poll() and the read
-            segments_file.write_text(json.dumps(segments, indent=1))
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
+        polled = 0.0
+        while True:  # wait4 gives this child's own CPU time (another job's children are not mixed in)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
+            if time.perf_counter() - polled >= 15:
+                polled = time.perf_counter()
+                try:
+                    segment.update(wall_s=round(polled - started, 1), cpu_s=round(process_cpu(proc.pid), 1))
+                except (OSError, ValueError, IndexError):
+                    pass  # the process ended between wait4 and the read
+                segments_file.write_text(json.dumps(segments, indent=1))
+            time.sleep(0.5)
         reader.join()
-    segment.update(wall_s=round(time.perf_counter() - started, 1), cpu_s=round(cpu_children() - cpu, 1))
+    segment.update(wall_s=round(time.perf_counter() - started, 1), cpu_s=round(usage.ru_utime + usage.ru_stime, 1))
     segments_file.write_text(json.dumps(segments, indent=1))
     if proc.returncode != 0:
         print(f"[reproduce] {name} seed {seed} failed (exit {proc.returncode}); see {folder / 'run.log'}", file=sys.stderr)

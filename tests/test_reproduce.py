@@ -116,4 +116,6 @@ def test_two_jobs_run_the_queue_side_by_side_with_one_thread_each(tmp_path, monk
     assert sorted(r["regime"] for r in results) == ["MAS + AT-GRPO shared", "single agent + GRPO"]
     assert all("resources.torch_threads=1" in r["overrides"] for r in results)
     assert all(r["summary"]["steps"] == 2 and r["summary"]["eval_after"] is not None for r in results)
+    # each run's own CPU time (one thread each), not the other job's added in
+    assert all(0 < r["cpu_s"] <= 1.5 * r["wall_s"] + 1 for r in results), [(r["cpu_s"], r["wall_s"]) for r in results]
     assert sorted(reports)[:2] == [1, 2] and reports[-1] == 2  # after each run, then once at the end
