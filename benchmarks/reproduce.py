@@ -294,6 +294,14 @@ def plot(results: list[dict], image: Path) -> None:
     plt.close(fig)
 
 
+def progress(folder: Path) -> str:
+    """" (interrupted after step N)" for a run that `make reproduce` will continue, else ""."""
+    from mas_lab import checkpoint
+
+    steps = [int(c.name.split("-")[1]) for p in (folder / "runs").glob("*/run.db") for c in checkpoint.complete(p.parent)]
+    return f" (interrupted after step {max(steps)})" if steps else ""
+
+
 def swap_lines(results: list[dict]) -> list[str]:
     """The swap ablation of the per-role runs, one line per seed."""
     lines = []
@@ -316,7 +324,8 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     cpu_h = sum(r["cpu_s"] for r in results) / 3600
     wall_h = sum(r["wall_s"] for r in results) / 3600
     done = {(r["regime"], r["seed"]) for r in results}
-    missing = [f"{name} seed {seed}" for seed in sorted({r['seed'] for r in results} | {0, 1, 2})
+    missing = [f"{name} seed {seed}{progress(out / slug(name) / f'seed-{seed}')}"
+               for seed in sorted({r['seed'] for r in results} | {0, 1, 2})
                for name in REGIME_NAMES if (name, seed) not in done]
     command = f"make reproduce TASKS={family.key}"
     text = [family.begin, "", f"### The paper's comparison at CPU scale ({family.title})", "",
