@@ -169,7 +169,9 @@ def run_regime(family: Family, name: str, seed: int, out: Path, extra: list[str]
 
 def swap_eval(task: str, seed: int, run_dir: Path, folder: Path) -> dict | None:
     """The swap ablation: the trained per-role policies with the role -> policy map rotated."""
-    checkpoints = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    from mas_lab import checkpoint
+
+    checkpoints = checkpoint.complete(run_dir)  # sealed ones, in step order
     if not checkpoints:
         return None
     command = [MAS_LAB, "eval", task, "--checkpoint", str(checkpoints[-1]), "--swap-policies", "--no-ray",
@@ -298,8 +300,8 @@ def progress(folder: Path) -> str:
     """" (interrupted after step N)" for a run that `make reproduce` will continue, else ""."""
     from mas_lab import checkpoint
 
-    steps = [int(c.name.split("-")[1]) for p in (folder / "runs").glob("*/run.db") for c in checkpoint.complete(p.parent)]
-    return f" (interrupted after step {max(steps)})" if steps else ""
+    last = [found[-1] for p in (folder / "runs").glob("*/run.db") if (found := checkpoint.complete(p.parent))]
+    return f" (interrupted after step {int(last[-1].name.split('-')[1])})" if last else ""
 
 
 def swap_lines(results: list[dict]) -> list[str]:

@@ -61,15 +61,12 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
 
 
 def test_the_reading_baseline_copies_the_letters_the_observation_states():
-    import importlib.util
     import random
 
-    from conftest import ROOT
+    from conftest import load_benchmark
     from mas_lab.envs.plan_path import PlanPathEnv
 
-    spec = importlib.util.spec_from_file_location("reading_baseline", ROOT / "benchmarks" / "reading_baseline.py")
-    reading = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reading)
+    reading = load_benchmark("reading_baseline")
     answers = reading.reading_answers("S (you) is at row 2, col 0; G is at row 0, col 1. G is 2 rows up (U U) and "
                                       "1 column right (R) of S.\nMoves: U (row-1), D (row+1), L (col-1), R (col+1).")
     assert answers == {"sentence 1": "Moves: U U R", "sentence 1 swapped": "Moves: R U U"}

@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 
 def _reproduce_module():
-    import importlib.util
-    import sys
+    from conftest import load_benchmark
 
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
-    reproduce = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = reproduce  # dataclasses look their module up
-    spec.loader.exec_module(reproduce)
-    return reproduce
+    return load_benchmark("reproduce")
 
 
 def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it():
