@@ -266,6 +266,9 @@ def orderings(rows: dict[str, dict]) -> list[str]:
 
 
 def plot(results: list[dict], image: Path) -> None:
+    """Left: held-out success against steps, each seed faint, the mean over seeds bold. Right: the
+    training reward of each role, mean over seeds (solid: the tool agent or the single agent; dashed:
+    the planner)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -273,27 +276,43 @@ def plot(results: list[dict], image: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = dict(zip(REGIME_NAMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    by_regime: dict[str, list[dict[str, list[tuple[int, float]]]]] = {}
     for r in results:
-        data = curves(r)
-        colour = colours[r["regime"]]
-        steps, values = zip(*data.get("eval/success_rate", [(0, 0.0)]))
-        left.plot(steps, values, marker="o", color=colour, alpha=0.8,
-                  label=r["regime"] if r["seed"] == min(x["seed"] for x in results if x["regime"] == r["regime"]) else None)
-        for key, series in data.items():
-            if key.startswith("reward/") and key != "reward/mean":
-                steps, values = zip(*series)
-                role = key.split("/", 1)[1]
-                right.plot(steps, values, color=colour, alpha=0.6, linestyle="-" if role != "planner" else "--",
-                           label=f"{r['regime']}: {role}" if r["seed"] == min(x["seed"] for x in results
-                                                                             if x["regime"] == r["regime"]) else None)
-    left.set(title="held-out success (greedy, 64 problems), one line per seed", xlabel="step", ylabel="success rate")
-    right.set(title="mean reward per role (training), one line per seed and role", xlabel="step", ylabel="reward")
+        by_regime.setdefault(r["regime"], []).append(curves(r))
+    for regime, runs in by_regime.items():
+        colour, seeds = colours[regime], len(runs)
+        for data in runs:
+            if seeds > 1:
+                steps, values = zip(*data.get("eval/success_rate", [(0, 0.0)]))
+                left.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
+        steps, values = mean_curve([data.get("eval/success_rate", []) for data in runs])
+        left.plot(steps, values, marker="o", color=colour, linewidth=2,
+                  label=f"{regime} ({seeds} seed{'s' if seeds > 1 else ''})")
+        roles = sorted({key for data in runs for key in data if key.startswith("reward/") and key != "reward/mean"})
+        for key in roles:
+            role = key.split("/", 1)[1]
+            steps, values = mean_curve([data.get(key, []) for data in runs])
+            right.plot(steps, values, color=colour, alpha=0.8, linestyle="--" if role == "planner" else "-",
+                       label=f"{regime}: {role}")
+    left.set(title="held-out success (greedy, 64 problems): mean over seeds, each seed faint", xlabel="step",
+             ylabel="success rate")
+    right.set(title="training reward per role, mean over seeds", xlabel="step", ylabel="reward")
     left.legend(fontsize=7)
     right.legend(fontsize=6)
     fig.tight_layout()
     image.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(image, dpi=110)
     plt.close(fig)
+
+
+def mean_curve(series: list[list[tuple[int, float]]]) -> tuple[list[int], list[float]]:
+    """Mean over runs at each step, over the runs that have that step."""
+    at: dict[int, list[float]] = {}
+    for points in series:
+        for step, value in points:
+            at.setdefault(step, []).append(value)
+    steps = sorted(at)
+    return steps, [statistics.fmean(at[s]) for s in steps]
 
 
 def progress(folder: Path) -> str:

@@ -52,6 +52,12 @@ def test_the_swap_ablation_lines_read_the_eval_json():
     assert reproduce.swap_lines(runs) == ["- seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"]
 
 
+def test_the_curves_are_averaged_over_the_seeds_that_reached_each_step():
+    reproduce = _reproduce_module()
+    steps, values = reproduce.mean_curve([[(0, 0.25), (10, 0.5)], [(0, 0.75), (10, 1.0), (20, 0.5)]])
+    assert steps == [0, 10, 20] and values == [0.5, 0.75, 0.5]
+
+
 def _kill_runs_under(folder: Path) -> int:
     """SIGKILL every process whose command line names `folder` (the driver's `mas-lab run`)."""
     killed = 0
