@@ -236,7 +236,8 @@ def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
              "|---|---|---|---|---|---|"]
     for name, row in rows.items():
         runs = row["runs"]
-        cpu = f"{sum(r['cpu_s'] for r in runs) / 3600:.2f} h" if row["trained"] else row.get("note", "(in the trained runs)")
+        cpu = (f"{sum(r['cpu_s'] for r in runs) / 3600:.2f} h ({statistics.fmean(r['cpu_s'] for r in runs) / 3600:.2f} h a run)"
+               if row["trained"] else row.get("note", "(in the trained runs)"))
         lines.append(f"| {name} | {', '.join(str(s) for s in row.get('seeds', [r['seed'] for r in runs]))} | {row['pooled']:.3f} "
                      f"[{row['low']:.3f}, {row['high']:.3f}] (n={row['n']}) | {row['mean']:.3f} ± {row['sd']:.3f} | "
                      f"{' / '.join(f'{x:.3f}' for x in row['per_seed'])} | {cpu} |")
