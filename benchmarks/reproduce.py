@@ -16,8 +16,10 @@ format warm-up, greedy evaluation on 64 held-out problems every 10 steps): Plan-
 The untrained rows are the step-0 evaluations of those runs (the same held-out problems for the
 same seed; every MAS regime starts from the same base model, so MAS untrained is read from the
 AT-GRPO shared runs). Each run is a real `mas-lab run --no-ray` (one process, so its CPU time is
-exact) whose run folder stays under --out; a run whose summary.json exists is not run again, and
-a run an earlier session left unfinished continues from its last checkpoint (`mas-lab run
+exact) whose run folder stays under --out (checkpoints, log); once finished, its summary and its
+store (xz-compressed) are kept in the repository, results/reproduce/<task>/<regime>/seed-<n>/, the
+report is built from those alone, and a kept run is not run again. A run an earlier session left
+unfinished continues from its last checkpoint (`mas-lab run
 --resume`), so the script resumes where that session stopped, losing at most the step in flight
 (runs go seed by seed: one seed of every regime first). After each per-role run, the swap ablation: `mas-lab eval --swap-policies` on its
 final checkpoint. After every run the family's generated section of docs/results.md and its curves
@@ -27,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 COMMON = ["train.eval_every=10"]
 REGIME_NAMES = ("single agent + GRPO", "MAS + trajectory GRPO", "MAS + AT-GRPO shared", "MAS + AT-GRPO per-role LoRA")
+STORE = "run.db.xz"  # a kept run's store, in its archive folder
 UNTRAINED = {"single agent (before RL)": "single agent + GRPO", "MAS (before RL)": "MAS + AT-GRPO shared"}
 
 
@@ -56,6 +62,7 @@ class Family:
     stem: str
     out: str
     setting: str  # the settings in words, for the report
+    archive: str = ""  # where finished runs are kept in the repository (default: <out>/archive)
 
     @property
     def regimes(self) -> dict[str, tuple[str, list[str]]]:  # name -> (task file, overrides)
@@ -79,8 +86,10 @@ class Family:
 
 
 FAMILIES = {f.key: f for f in (
-    Family("plan_path", "Plan-Path", "plan_path_learns", "sweeps/reproduce", "3x3, goal 1-2 moves away"),
-    Family("sokoban", "Sokoban", "sokoban_learns", "sweeps/reproduce-sokoban", "6x6, one box, solved in 1-2 moves"),
+    Family("plan_path", "Plan-Path", "plan_path_learns", "sweeps/reproduce", "3x3, goal 1-2 moves away",
+           "results/reproduce/plan_path"),
+    Family("sokoban", "Sokoban", "sokoban_learns", "sweeps/reproduce-sokoban", "6x6, one box, solved in 1-2 moves",
+           "results/reproduce/sokoban"),
 )}
 
 
@@ -186,15 +195,19 @@ def swap_eval(task: str, seed: int, run_dir: Path, folder: Path) -> dict | None:
 
 # --- the report ------------------------------------------------------------------------------------
 def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
-    """eval success and reward per role against steps, from the run's store."""
+    """eval success and reward per role against steps, from the run's kept store."""
     from mas_lab.store import RunStore
 
-    store = RunStore(Path(result["run_dir"]) / "run.db", create=False)
-    try:
-        rows = store.rows("SELECT step, key, value FROM metrics WHERE key = 'eval/success_rate' OR "
-                          "(key LIKE 'reward/%' AND key NOT LIKE 'reward/%/%') ORDER BY step")
-    finally:
-        store.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.db"
+        with lzma.open(result["store"]) as packed, open(path, "wb") as plain:
+            shutil.copyfileobj(packed, plain)
+        store = RunStore(path, create=False)
+        try:
+            rows = store.rows("SELECT step, key, value FROM metrics WHERE key = 'eval/success_rate' OR "
+                              "(key LIKE 'reward/%' AND key NOT LIKE 'reward/%/%') ORDER BY step")
+        finally:
+            store.close()
     out: dict[str, list[tuple[int, float]]] = {}
     for row in rows:
         out.setdefault(row["key"], []).append((row["step"], row["value"]))
@@ -361,7 +374,9 @@ def report(family: Family, results: list[dict], out: Path) -> None:
             "the task's format warm-up, `train.warmup_steps`, if any). The constant-answer "
             "row replies the same best fixed answer (of 1 to 4 moves) to every problem of each seed's held-out set, "
             "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. Intervals are 95% "
-            "Wilson intervals of the success pooled over seeds.", "", *lines, "",
+            "Wilson intervals of the success pooled over seeds. Each finished run's summary and store are kept in "
+            f"`{family.archive or 'the archive'}/<regime>/seed-<n>/` with the resolved task.yaml: after "
+            "`xz -dk run.db.xz` the folder is a run for `mas-lab replay` and `mas-lab tui`).", "", *lines, "",
             f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores"
             + (f" ({resumed} of them continued from a checkpoint after an interruption, times added up)"
                if (resumed := sum(r.get("attempts", 1) > 1 for r in results)) else "") + "."
@@ -383,8 +398,42 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     results_md.write_text(current)
 
 
-def complete(out: Path) -> list[dict]:
-    found = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed-*/summary.json"))]
+def archive_folder(archive: Path, name: str, seed: int) -> Path:
+    return archive / slug(name) / f"seed-{seed}"
+
+
+def keep(result: dict, archive: Path) -> None:
+    """Keep a finished run in the repository: its summary, its resolved task.yaml and its store,
+    xz-compressed (a 30-step store of ~2.6 MB keeps in ~0.2 MB), so the tables and curves can be
+    rebuilt on any clone and a later session, on a new machine whose sweeps/ is gone, does not run
+    it again. Checkpoints, logs and MLflow's database stay in the work folder."""
+    folder = archive_folder(archive, result["regime"], result["seed"])
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "run.db"
+        source, target = sqlite3.connect(Path(result["run_dir"]) / "run.db"), sqlite3.connect(copy)
+        try:
+            source.backup(target)  # a consistent copy, whatever the journal mode
+        finally:
+            target.close()
+            source.close()
+        with open(copy, "rb") as plain, lzma.open(folder / STORE, "wb", preset=9) as packed:
+            shutil.copyfileobj(plain, packed)
+    shutil.copyfile(Path(result["run_dir"]) / "task.yaml", folder / "task.yaml")  # the resolved task
+    (folder / "summary.json").write_text(json.dumps(result, indent=1) + "\n")  # last: it marks the run kept
+
+
+def complete(out: Path, archive: Path | None = None) -> list[dict]:
+    """The finished runs: those kept in the archive (default <out>/archive), after keeping there
+    any run finished in the work folder `out` that is not kept yet."""
+    archive = archive or out / "archive"
+    for path in sorted(out.glob("*/seed-*/summary.json")):
+        result = json.loads(path.read_text())
+        if not (archive_folder(archive, result["regime"], result["seed"]) / "summary.json").is_file():
+            keep(result, archive)
+    found = []
+    for path in sorted(archive.glob("*/seed-*/summary.json")):
+        found.append({**json.loads(path.read_text()), "store": str(path.parent / STORE)})
     return sorted(found, key=lambda r: (REGIME_NAMES.index(r["regime"]), r["seed"]))
 
 
@@ -404,6 +453,8 @@ def main() -> None:
         parser.error("--out names the folder of one family: give one --task with it")
     families = [FAMILIES[key] for key in args.task]
     outs = {f.key: (ROOT / (args.out or f.out)).resolve() for f in families}
+    archives = {f.key: (ROOT / f.archive if f.archive and not args.out else outs[f.key] / "archive").resolve()
+                for f in families}
     for out in outs.values():
         out.mkdir(parents=True, exist_ok=True)
     names = [n for n in REGIME_NAMES if args.only is None or n in args.only]
@@ -412,7 +463,8 @@ def main() -> None:
         extra.append(f"resources.torch_threads={max(1, (os.cpu_count() or 1) // args.jobs)}")
     # seed by seed, and within a seed regime by regime across the families: the first complete
     # tables come first, and two jobs run the same regime of two families side by side
-    queue = [(f, name, seed) for seed in args.seeds for name in names for f in families]
+    queue = [(f, name, seed) for seed in args.seeds for name in names for f in families
+             if not (archive_folder(archives[f.key], name, seed) / "summary.json").is_file()]  # kept: done
     lock = threading.Lock()
 
     def work() -> None:
@@ -423,7 +475,7 @@ def main() -> None:
                 family, name, seed = queue.pop(0)
             if run_regime(family, name, seed, outs[family.key], extra) is not None:
                 with lock:
-                    report(family, complete(outs[family.key]), outs[family.key])
+                    report(family, complete(outs[family.key], archives[family.key]), outs[family.key])
 
     if not args.report_only:
         workers = [threading.Thread(target=work) for _ in range(max(1, args.jobs))]
@@ -432,10 +484,10 @@ def main() -> None:
         for worker in workers:
             worker.join()
     for family in families:
-        report(family, complete(outs[family.key]), outs[family.key])
+        report(family, complete(outs[family.key], archives[family.key]), outs[family.key])
         print(json.dumps([{"task": family.key} | {k: r[k] for k in ("regime", "seed", "wall_s", "cpu_s")} | {
             "before": r["summary"]["eval_before"], "after": r["summary"]["eval_after"]}
-            for r in complete(outs[family.key])]))
+            for r in complete(outs[family.key], archives[family.key])]))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 interrupted run (a real toy `mas-lab run`, SIGKILLed after a checkpoint, then continued)."""
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -118,3 +119,14 @@ def test_two_jobs_run_the_queue_side_by_side_with_one_thread_each(tmp_path, monk
     # each run's own CPU time (one thread each), not the other job's added in
     assert all(0 < r["cpu_s"] <= 1.5 * r["wall_s"] + 1 for r in results), [(r["cpu_s"], r["wall_s"]) for r in results]
     assert sorted(reports)[:2] == [1, 2] and reports[-1] == 2  # after each run, then once at the end
+    # the kept runs are all the report needs: the work folders (checkpoints) may go, as they do when a
+    # session's machine is replaced, and a second call runs nothing again
+    for folder in tmp_path.glob("*/seed-0"):
+        if folder.parent.name != "archive":
+            shutil.rmtree(folder)
+    assert sorted(r["regime"] for r in reproduce.complete(tmp_path)) == sorted(r["regime"] for r in results)
+    assert all(reproduce.curves(r)["eval/success_rate"][-1][0] == 2 for r in results)
+    kept = tmp_path / "archive" / reproduce.slug("MAS + AT-GRPO shared") / "seed-0"
+    assert {p.name for p in kept.iterdir()} == {"summary.json", "task.yaml", reproduce.STORE}
+    monkeypatch.setattr(reproduce, "run_regime", lambda *a: pytest.fail(f"ran a kept run again: {a}"))
+    reproduce.main()
