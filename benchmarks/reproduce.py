@@ -330,11 +330,14 @@ def mean_curve(series: list[list[tuple[int, float]]]) -> tuple[list[int], list[f
 
 
 def progress(folder: Path) -> str:
-    """" (interrupted after step N)" for a run that `make reproduce` will continue, else ""."""
+    """" (reached step N here ...)" for a run with a checkpoint in the work folder, else "": `make
+    reproduce` continues it on this machine; a new machine, without the ignored work folder, starts
+    it again."""
     from mas_lab import checkpoint
 
     last = [found[-1] for p in (folder / "runs").glob("*/run.db") if (found := checkpoint.complete(p.parent))]
-    return f" (interrupted after step {int(last[-1].name.split('-')[1])})" if last else ""
+    return (f" (reached step {int(last[-1].name.split('-')[1])} on the machine that wrote this; continued from its "
+            "checkpoint only there)") if last else ""
 
 
 def swap_lines(results: list[dict]) -> list[str]:
@@ -376,7 +379,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
             "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. Intervals are 95% "
             "Wilson intervals of the success pooled over seeds. Each finished run's summary and store are kept in "
             f"`{family.archive or 'the archive'}/<regime>/seed-<n>/` with the resolved task.yaml: after "
-            "`xz -dk run.db.xz` the folder is a run for `mas-lab replay` and `mas-lab tui`).", "", *lines, "",
+            "`xz -dk run.db.xz` the folder is a run for `mas-lab replay` and `mas-lab tui`.", "", *lines, "",
             f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores"
             + (f" ({resumed} of them continued from a checkpoint after an interruption, times added up)"
                if (resumed := sum(r.get("attempts", 1) > 1 for r in results)) else "") + "."
