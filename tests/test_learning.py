@@ -58,13 +58,14 @@ def test_one_policys_update_never_changes_anothers_weights(lora):
     backend.sync_weights(1)
     for policy in ("p_first", "p_second"):
         worker = backend.workers[backend.host_of[policy]][0].engine
-        if lora:
-            from mas_lab import lora as lora_module
-
-            served = lora_module.adapter_state(worker.model, policy)
+        if lora:  # the engine serves each adapter merged into its own weights: W + (alpha / r) B A
+            state, merged = learner[policy].weights(policy), worker.merged
+            assert set(merged.merged[policy]) == {n for n in merged.base if n.rsplit(".", 1)[-1] in ("q_proj", "v_proj")}
+            for name, weight in merged.merged[policy].items():
+                a, b = (state[f"base_model.model.{name}.lora_{x}.weight"].float() for x in "AB")
+                assert torch.equal(weight, (merged.base[name].float() + 2.0 * b @ a).to(weight.dtype)), name
         else:
-            served = worker.model.state_dict()
-        assert same(served, learner[policy].weights(policy))
+            assert same(worker.model.state_dict(), learner[policy].weights(policy))
 
 
 def test_reward_rises_under_per_role_lora(tmp_path):

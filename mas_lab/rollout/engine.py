@@ -72,10 +72,14 @@ class HFEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
         self.adapters = adapters or {}
+        self.merged = None  # per-role adapters merged into per-policy weights (lora.MergedAdapters)
         if self.adapters:
             from mas_lab import lora
 
-            self.model = lora.attach(self.model, self.adapters)
+            if any(spec.modules_to_save for spec in self.adapters.values()):
+                self.model = lora.attach(self.model, self.adapters)  # fully trained modules: peft's model
+            else:
+                self.merged = lora.MergedAdapters(self.model, self.adapters)
         self.model.eval()
         self.eos_ids = stop_ids(self.tokenizer, self.model)
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
@@ -92,7 +96,9 @@ class HFEngine:
         prompts[0] in the whole list when a worker got a slice. With per-role adapters, `policy`
         names the adapter to generate with."""
         started = time.perf_counter()
-        if self.adapters:
+        if self.merged:
+            self.merged.use(policy)
+        elif self.adapters:
             from mas_lab import lora
 
             lora.use(self.model, policy)
@@ -112,7 +118,9 @@ class HFEngine:
         return results
 
     def load_weights(self, state: dict[str, torch.Tensor], policy: str | None = None) -> None:
-        if self.adapters:
+        if self.merged:
+            self.merged.load(policy, state)
+        elif self.adapters:
             from mas_lab import lora
 
             lora.load_adapter_state(self.model, policy, state)
