@@ -353,7 +353,11 @@ def swap_lines(results: list[dict]) -> list[str]:
 def report(family: Family, results: list[dict], out: Path) -> None:
     """Rewrite the family's section of docs/results.md and its curves; nothing before its first run."""
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    if not results:
+    if not results:  # a section written from runs that are not kept any more says so
+        if family.begin in (ROOT / "docs" / "results.md").read_text():
+            write_section(family, [family.begin, "", f"### The paper's comparison at CPU scale ({family.title})", "",
+                                   f"No run of this family is kept in `{family.archive or 'the archive'}/` yet: "
+                                   f"`make reproduce TASKS={family.key}` makes them.", "", family.end])
         return
     image = ROOT / "docs" / "images" / family.image
     lines, rows = table(results)
@@ -390,6 +394,11 @@ def report(family: Family, results: list[dict], out: Path) -> None:
                  "--swap-policies`):", "", *swaps, ""]
     text += [f"![learning curves](images/{family.image})", ""]
     text.append(family.end)
+    write_section(family, text)
+
+
+def write_section(family: Family, text: list[str]) -> None:
+    """Replace the family's generated section of docs/results.md (or append it)."""
     results_md = ROOT / "docs" / "results.md"
     current = results_md.read_text()
     block = "\n".join(text)

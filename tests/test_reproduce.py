@@ -130,3 +130,16 @@ def test_two_jobs_run_the_queue_side_by_side_with_one_thread_each(tmp_path, monk
     assert {p.name for p in kept.iterdir()} == {"summary.json", "task.yaml", reproduce.STORE}
     monkeypatch.setattr(reproduce, "run_regime", lambda *a: pytest.fail(f"ran a kept run again: {a}"))
     reproduce.main()
+
+
+def test_a_section_whose_runs_are_not_kept_says_so(tmp_path, monkeypatch):
+    reproduce = _reproduce_module()
+    family = reproduce.FAMILIES["sokoban"]
+    (tmp_path / "docs").mkdir()
+    results_md = tmp_path / "docs" / "results.md"
+    results_md.write_text(f"# Results\n\nabove\n\n{family.begin}\n| old table | 0.781 |\n{family.end}\n\nbelow\n")
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    reproduce.report(family, [], tmp_path)
+    text = results_md.read_text()
+    assert "0.781" not in text and "No run of this family is kept" in text
+    assert text.startswith("# Results\n\nabove\n\n") and text.endswith("\n\nbelow\n")
