@@ -22,8 +22,9 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-# the paper's comparison at CPU scale (many hours; resumable: finished runs in sweeps/ are kept,
-# an interrupted one continues from its checkpoint); TASKS=plan_path or TASKS=sokoban for one family
+# the paper's comparison at CPU scale (many hours; resumable: finished runs are kept in results/reproduce/
+# and skipped, an interrupted one continues from its checkpoint in sweeps/ on the same machine);
+# TASKS=plan_path or TASKS=sokoban for one family
 TASKS ?= plan_path sokoban
 reproduce: venv
 	$(BIN)/python benchmarks/reproduce.py --task $(TASKS) --seeds 0 1 2 --jobs 2
