@@ -496,10 +496,10 @@ def main() -> None:
         for worker in workers:
             worker.join()
     for family in families:
-        report(family, complete(outs[family.key], archives[family.key]), outs[family.key])
+        results = complete(outs[family.key], archives[family.key])
+        report(family, results, outs[family.key])
         print(json.dumps([{"task": family.key} | {k: r[k] for k in ("regime", "seed", "wall_s", "cpu_s")} | {
-            "before": r["summary"]["eval_before"], "after": r["summary"]["eval_after"]}
-            for r in complete(outs[family.key], archives[family.key])]))
+            "before": r["summary"]["eval_before"], "after": r["summary"]["eval_after"]} for r in results]))
 
 
 if __name__ == "__main__":
