@@ -283,9 +283,15 @@ def test_header_and_footer_fit_a_100_column_terminal(finished):
             await until(pilot, lambda: "step 3/3" in text(app, "#run-header"), what="the header")
             for mode in ("live", "groups", "replay"):
                 app.switch_mode(mode)
-                await pilot.pause(0.3)
+
+                def laid_out():
+                    # the footer is laid out a few frames after the switch (later on a slow machine);
+                    # a key that never fits keeps this false and the wait fails
+                    keys = list(app.screen.query(FooterKey))
+                    return bool(keys) and all(0 < key.region.right <= 100 and key.region.width > 0 for key in keys)
+
+                await until(pilot, laid_out, timeout=20.0, what=f"every footer key of {mode} inside 100 columns")
                 keys = list(app.screen.query(FooterKey))
-                assert keys and all(0 < key.region.right <= 100 and key.region.width > 0 for key in keys), mode
                 shown = " ".join(str(key.render()) for key in keys)
                 assert "Keys" in shown and "Quit" in shown, mode  # the help key is always in reach
             app.switch_mode("live")
