@@ -68,3 +68,21 @@ def test_top_p_keeps_the_smallest_head_reaching_the_mass():
     kept = decode._filter_top_p(torch.tensor([[0.1, 0.5, 0.25, 0.15]]), 0.7)
     assert kept.tolist() == [[0.0, 0.5, 0.25, 0.0]]
     assert decode._filter_top_p(torch.tensor([[0.9, 0.1]]), 0.5)[0, 1] == 0.0  # the first always stays
+
+
+def test_identical_prompts_are_prefilled_once_and_sample_as_if_apart():
+    """Trajectory mode asks for K trajectories of one problem: K identical first prompts, n = 1."""
+    eng = engine()
+    sampling = Sampling(temperature=1.0, max_new_tokens=10)
+    widths = []
+    hook = eng.model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape),
+                                               with_kwargs=True)
+    try:
+        together = eng.generate("shared", [LONG, LONG, SHORT, LONG], 2, sampling, seed=3)
+    finally:
+        hook.remove()
+    assert widths[0][0] == 2  # the prefill: two distinct prompts, not four
+    for i, messages in enumerate([LONG, LONG, SHORT, LONG]):
+        alone = eng.generate("shared", [messages], 2, sampling, seed=3, first_index=i)
+        assert tokens(alone)[0] == tokens(together)[i]
+    assert tokens(together)[0] != tokens(together)[1]  # same prompt, its own seeds

@@ -2,9 +2,10 @@
 
 AT-GRPO samples K candidates from one observation at every (turn, agent) (paper Sec. 4.1), and
 the observations are long while the answers are short. `generate(num_return_sequences=K)` copies
-each prompt K times before the prefill; here each prompt is prefilled once and its KV cache is
-repeated K times, finished rows leave the batch (their cache is dropped, so later steps attend
-over fewer rows), and the output layer runs for the last position only.
+each prompt K times before the prefill; here each distinct prompt of a call is prefilled once (the
+K trajectories of one problem share their first observation) and its KV cache is repeated for its
+candidates, finished rows leave the batch (their cache is dropped, so later steps attend over
+fewer rows), and the output layer runs for the last position only.
 
 Every candidate draws its tokens from its own torch.Generator seeded by (call seed, prompt index,
 candidate index): what one candidate samples does not depend on which other prompts share the
@@ -85,17 +86,23 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
 
     greedy = temperature == 0.0
     device = next(model.parameters()).device  # the model's; sampling itself runs on the CPU
-    ids, attention, positions = (t.to(device) for t in left_pad(prompts, pad_id))
+    # Identical prompts (the K trajectories of one problem at turn 0 in trajectory mode) are
+    # prefilled once; every candidate row then starts from its prompt's cache row.
+    distinct: dict[tuple[int, ...], int] = {}
+    source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    ids, attention, positions = (t.to(device) for t in left_pad(list(distinct), pad_id))
     cache = DynamicCache()  # updated in place by every forward
     cache_arg = {cache_keyword(model): cache}
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
                 **cache_arg)
-    logits = out.logits[:, -1].float().cpu().repeat_interleave(n, dim=0)
-    cache.batch_repeat_interleave(n)
-    attention = attention.repeat_interleave(n, dim=0)
-    next_position = positions[:, -1].repeat_interleave(n) + 1
-
     rows = len(prompts) * n
+    row_prompt = torch.tensor([source[r // n] for r in range(rows)])
+    logits = out.logits[:, -1].float().cpu()[row_prompt]
+    row_prompt = row_prompt.to(device)
+    cache.batch_select_indices(row_prompt)
+    attention = attention[row_prompt]
+    next_position = positions[:, -1][row_prompt] + 1
+
     generators = [torch.Generator().manual_seed(row_seed(seed, first_index + r // n, r % n, n)) for r in range(rows)]
     results = [Decoded([], [], [], False) for _ in range(rows)]
     live = list(range(rows))  # the candidate of each batch row
