@@ -12,6 +12,8 @@ format warm-up, greedy evaluation on 64 held-out problems every 10 steps): Plan-
 - MAS + trajectory GRPO      tasks/plan_path_learns.yaml with algorithm.mode=mas_grpo
 - MAS + AT-GRPO shared       tasks/plan_path_learns.yaml
 - MAS + AT-GRPO per-role LoRA  tasks/plan_path_learns_per_role_lora.yaml
+- MAS + AT-GRPO per-role full  tasks/plan_path_learns_per_role_full.yaml (the shared run's lr: it
+  separates the split into two policies from LoRA)
 
 The untrained rows are the step-0 evaluations of those runs (the same held-out problems for the
 same seed; every MAS regime starts from the same base model, so MAS untrained is read from the
@@ -47,7 +49,9 @@ from mas_lab.controller import wilson_interval
 ROOT = Path(__file__).resolve().parents[1]
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 COMMON = ["train.eval_every=10"]
-REGIME_NAMES = ("single agent + GRPO", "MAS + trajectory GRPO", "MAS + AT-GRPO shared", "MAS + AT-GRPO per-role LoRA")
+REGIME_NAMES = ("single agent + GRPO", "MAS + trajectory GRPO", "MAS + AT-GRPO shared", "MAS + AT-GRPO per-role LoRA",
+                "MAS + AT-GRPO per-role full")
+PER_ROLE = ("MAS + AT-GRPO per-role LoRA", "MAS + AT-GRPO per-role full")  # these get the swap ablation
 STORE = "run.db.xz"  # a kept run's store, in its archive folder
 UNTRAINED = {"single agent (before RL)": "single agent + GRPO", "MAS (before RL)": "MAS + AT-GRPO shared"}
 
@@ -55,7 +59,7 @@ UNTRAINED = {"single agent (before RL)": "single agent + GRPO", "MAS (before RL)
 @dataclass(frozen=True)
 class Family:
     """One task family of the comparison: its task files (`<stem>.yaml`, `<stem>_single_agent.yaml`,
-    `<stem>_per_role_lora.yaml`), where its runs go, and its section of docs/results.md."""
+    `<stem>_per_role_lora.yaml`, `<stem>_per_role_full.yaml`), where its runs go, and its section of docs/results.md."""
 
     key: str
     title: str
@@ -70,7 +74,8 @@ class Family:
         return {"single agent + GRPO": (f"tasks/{self.stem}_single_agent.yaml", []),
                 "MAS + trajectory GRPO": (base, ["algorithm.mode=mas_grpo"]),
                 "MAS + AT-GRPO shared": (base, []),
-                "MAS + AT-GRPO per-role LoRA": (f"tasks/{self.stem}_per_role_lora.yaml", [])}
+                "MAS + AT-GRPO per-role LoRA": (f"tasks/{self.stem}_per_role_lora.yaml", []),
+                "MAS + AT-GRPO per-role full": (f"tasks/{self.stem}_per_role_full.yaml", [])}
 
     @property
     def begin(self) -> str:
@@ -170,7 +175,7 @@ def run_regime(family: Family, name: str, seed: int, out: Path, extra: list[str]
               "run_dir": str((ROOT / summary["run_dir"]).resolve()),
               "wall_s": round(sum(x["wall_s"] for x in segments), 1), "cpu_s": round(sum(x["cpu_s"] for x in segments), 1),
               "attempts": len(segments), "summary": summary}
-    if name == "MAS + AT-GRPO per-role LoRA":
+    if name in PER_ROLE:
         result["swap"] = swap_eval(task, seed, Path(result["run_dir"]), folder)
     summary_file.write_text(json.dumps(result, indent=1))
     return result
@@ -341,11 +346,11 @@ def progress(folder: Path) -> str:
 
 
 def swap_lines(results: list[dict]) -> list[str]:
-    """The swap ablation of the per-role runs, one line per seed."""
+    """The swap ablation of the per-role runs, one line per regime and seed."""
     lines = []
     for r in results:
         if s := r.get("swap"):
-            lines.append(f"- seed {r['seed']}: trained {r['summary']['eval_after']:.3f} -> swapped "
+            lines.append(f"- {r['regime']}, seed {r['seed']}: trained {r['summary']['eval_after']:.3f} -> swapped "
                          f"{s['success_rate']:.3f} [{s['success_ci_low']:.3f}, {s['success_ci_high']:.3f}]")
     return lines
 
@@ -391,7 +396,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
             + (f" Not yet run: {', '.join(missing)}." if missing else ""), "",
             "Orderings the intervals support: " + "; ".join(orderings(rows)) + ".", ""]
     if swaps:
-        text += ["Swap ablation (per-role LoRA, final checkpoint, role -> policy map swapped, `mas-lab eval "
+        text += ["Swap ablation (per-role runs, final checkpoint, role -> policy map swapped, `mas-lab eval "
                  "--swap-policies`):", "", *swaps, ""]
     text += [f"![learning curves](images/{family.image})", ""]
     text.append(family.end)

@@ -47,10 +47,12 @@ def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
 
 def test_the_swap_ablation_lines_read_the_eval_json():
     reproduce = _reproduce_module()
-    runs = [{"seed": 0, "summary": {"eval_after": 0.5}},
-            {"seed": 1, "summary": {"eval_after": 0.25},
+    runs = [{"regime": "MAS + AT-GRPO per-role LoRA", "seed": 0, "summary": {"eval_after": 0.5}},
+            {"regime": "MAS + AT-GRPO per-role full", "seed": 1, "summary": {"eval_after": 0.25},
              "swap": {"success_rate": 0.125, "success_ci_low": 0.06, "success_ci_high": 0.23}}]
-    assert reproduce.swap_lines(runs) == ["- seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"]
+    assert reproduce.swap_lines(runs) == [
+        "- MAS + AT-GRPO per-role full, seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"]
+    assert set(reproduce.PER_ROLE) <= set(reproduce.REGIME_NAMES)
 
 
 def test_the_curves_are_averaged_over_the_seeds_that_reached_each_step():
