@@ -284,10 +284,10 @@ def orderings(rows: dict[str, dict]) -> list[str]:
     return found or ["no pair of regimes has non-overlapping intervals: no ordering is claimed"]
 
 
-def plot(results: list[dict], image: Path) -> None:
-    """Left: held-out success against steps, each seed faint, the mean over seeds bold. Right: the
-    training reward of each role, mean over seeds (solid: the tool agent or the single agent; dashed:
-    the planner)."""
+def plot(results: list[dict], image: Path, constant: dict | None = None) -> None:
+    """Left: held-out success against steps, each seed faint, the mean over seeds bold, and the
+    constant answer's pooled success with its 95% interval (grey). Right: the training reward of
+    each role, mean over seeds (solid: the tool agent or the single agent; dashed: the planner)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,6 +313,10 @@ def plot(results: list[dict], image: Path) -> None:
             steps, values = mean_curve([data.get(key, []) for data in runs])
             right.plot(steps, values, color=colour, alpha=0.8, linestyle="--" if role == "planner" else "-",
                        label=f"{regime}: {role}")
+    if constant:
+        left.axhspan(constant["low"], constant["high"], color="grey", alpha=0.15)
+        left.axhline(constant["pooled"], color="grey", linestyle=":", label="constant answer (no model), 95% interval")
+    left.set_ylim(0, 1)
     left.set(title="held-out success (greedy, 64 problems): mean over seeds, each seed faint", xlabel="step",
              ylabel="success rate")
     right.set(title="training reward per role, mean over seeds", xlabel="step", ylabel="reward")
@@ -366,7 +370,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         return
     image = ROOT / "docs" / "images" / family.image
     lines, rows = table(results)
-    plot(results, image)
+    plot(results, image, rows.get("constant answer (no model)"))
     swaps = swap_lines(results)
     cpu_h = sum(r["cpu_s"] for r in results) / 3600
     wall_h = sum(r["wall_s"] for r in results) / 3600
