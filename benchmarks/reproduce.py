@@ -349,6 +349,32 @@ def progress(folder: Path) -> str:
             "checkpoint only there)") if last else ""
 
 
+def run_dtype(result: dict) -> str:
+    """The dtype a kept run computed in: what its actors reported (`summary.precision`), or, for a
+    run made before they reported it, its task's dtype (those ran on a CPU with avx512_bf16)."""
+    reported = set((result["summary"].get("precision") or {}).values())
+    if reported:
+        return "+".join(sorted(reported))
+    import yaml
+
+    kept = Path(result["store"]).parent / "task.yaml"
+    task = yaml.safe_load(kept.read_text()) if kept.is_file() else {}
+    return "+".join(sorted({p.get("dtype", "float32") for p in task.get("policies", {}).values()})) or "float32"
+
+
+def precision_line(results: list[dict]) -> str:
+    """Which runs computed in which dtype: `dtype: auto` is bf16 only on a CPU that has it, so runs
+    made on different machines may differ in precision (mas_lab/precision.py)."""
+    by_dtype: dict[str, list[str]] = {}
+    for r in results:
+        by_dtype.setdefault(run_dtype(r), []).append(f"{r['regime']} seed {r['seed']}")
+    if len(by_dtype) == 1:
+        return f"Every run computed in {next(iter(by_dtype))}."
+    return ("Precision differs between runs (`dtype: auto` is bfloat16 only on a CPU with native bf16; the "
+            "machines changed between sessions): " + "; ".join(f"{d}: {', '.join(names)}" for d, names in
+                                                            sorted(by_dtype.items())) + ".")
+
+
 def swap_lines(results: list[dict]) -> list[str]:
     """The swap ablation of the per-role runs, one line per regime and seed."""
     lines = []
@@ -397,7 +423,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
             f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores"
             + (f" ({resumed} of them continued from a checkpoint after an interruption, times added up)"
                if (resumed := sum(r.get("attempts", 1) > 1 for r in results)) else "") + "."
-            + (f" Not yet run: {', '.join(missing)}." if missing else ""), "",
+            + (f" Not yet run: {', '.join(missing)}." if missing else "") + " " + precision_line(results), "",
             "Orderings the intervals support: " + "; ".join(orderings(rows)) + ".", ""]
     if swaps:
         text += ["Swap ablation (per-role runs, final checkpoint, role -> policy map swapped, `mas-lab eval "

@@ -42,6 +42,8 @@ class PolicyBackend(Protocol):
 
     def placement(self) -> dict[str, str]: ...
 
+    def precision(self) -> dict[str, dict[str, object]]: ...
+
     def alive(self) -> bool: ...
 
     def shutdown(self) -> None: ...
@@ -222,6 +224,13 @@ class Backend:
         names = [f"rollout {host}#{i}" for host, workers in self.workers.items() for i in range(len(workers))]
         names += [f"learner {host}" for host in self.learners]
         return dict(zip(names, self._wait([self._call(a, "node") for a in self._actors()])))
+
+    def precision(self) -> dict[str, dict[str, object]]:
+        """Actor -> its requested and resolved dtype and whether bf16 is emulated there
+        (`dtype: auto` resolves in each actor, on its own device: mas_lab/precision.py)."""
+        names = [f"rollout {host}#{i}" for host, workers in self.workers.items() for i in range(len(workers))]
+        names += [f"learner {host}" for host in self.learners]
+        return dict(zip(names, self._wait([self._call(a, "precision_report") for a in self._actors()])))
 
     def alive(self) -> bool:
         """Whether every actor answers (checked while a run is paused)."""

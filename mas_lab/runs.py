@@ -219,8 +219,9 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
                     run.store.event(state["step"], "resume", f"resumed from {run.resume_from.name}")
                     tell(ProgressEvent(f"resumed from {run.resume_from.name}", state["step"]))
                 run.store.event(controller.step, "placement", "actors on nodes: " + json.dumps(backend.placement()))
+                dtypes = _record_precision(run, controller.step, backend.precision(), tell)
                 _stop_on_signals(controller, on_signal)
-                summary = controller.run(progress)
+                summary = {**controller.run(progress), "precision": dtypes}
                 break
             except Exception as exc:
                 died = _dead_actor(exc)
@@ -254,6 +255,20 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
                 pass
     run.summary = summary
     return summary
+
+
+def _record_precision(run: Run, step: int, reports: dict[str, dict], tell) -> dict[str, str]:
+    """Store each actor's resolved dtype (an event); where bf16 is emulated, say so to the user:
+    it is tens of times slower than float32 there (mas_lab/precision.py). Actor -> dtype."""
+    run.store.event(step, "precision", "actor dtypes: " + json.dumps(reports))
+    emulated = sorted(actor for actor, r in reports.items() if r["emulated_bf16"])
+    if emulated:
+        message = (f"bfloat16 is emulated on this machine's CPU (no avx512_bf16, amx_bf16 or bf16 flag) for "
+                   f"{', '.join(emulated)}: expect it tens of times slower than float32; set the policy's "
+                   "dtype to auto or float32")
+        run.store.event(step, "warning", message)
+        tell(ProgressEvent("warning: " + message, step))
+    return {actor: str(r["dtype"]) for actor, r in reports.items()}
 
 
 def _record_error(run: Run, exc: BaseException) -> None:

@@ -48,6 +48,9 @@ class FakeBackend:
     def placement(self):
         return {"rollout fake#0": "local", "learner fake": "local"}
 
+    def precision(self):
+        return {"rollout fake#0": {"requested": "float32", "dtype": "float32", "device": "cpu", "emulated_bf16": False}}
+
     def save_policies(self, folder, background=False):
         folder.mkdir(parents=True, exist_ok=True)
 

@@ -31,7 +31,9 @@ def test_run_prints_progress_and_a_summary(finished_run):
     _, summary, proc = finished_run
     assert "step    3" in proc.stderr and "eval success before" in proc.stderr and "tokens per second" in proc.stderr
     assert set(summary) == {"run_dir", "mlflow_run_id", "eval_before", "eval_after", "before", "after", "constant",
-                            "verdict", "steps", "stopped"}
+                            "verdict", "steps", "stopped", "precision"}
+    assert summary["precision"] == {"rollout full:shared#0": "float32", "learner full:shared": "float32"}
+    assert "dtype (rollout and learner)" in proc.stderr
     assert summary["constant"] is None and "best constant answer (no model)" in proc.stderr  # toy has none
     assert summary["steps"] == 3 and summary["stopped"] is False
 

@@ -145,3 +145,17 @@ def test_a_section_whose_runs_are_not_kept_says_so(tmp_path, monkeypatch):
     text = results_md.read_text()
     assert "0.781" not in text and "No run of this family is kept" in text
     assert text.startswith("# Results\n\nabove\n\n") and text.endswith("\n\nbelow\n")
+
+
+def test_the_report_says_which_runs_computed_in_which_dtype(tmp_path):
+    reproduce = _reproduce_module()
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "task.yaml").write_text("policies:\n  shared:\n    model: smollm2-135m-instruct\n    dtype: bfloat16\n")
+    runs = [{"regime": "MAS + AT-GRPO shared", "seed": 0, "store": str(old / reproduce.STORE), "summary": {}},
+            {"regime": "MAS + trajectory GRPO", "seed": 1, "store": str(tmp_path / "new" / reproduce.STORE),
+             "summary": {"precision": {"rollout full:shared#0": "float32", "learner full:shared": "float32"}}}]
+    line = reproduce.precision_line(runs)
+    assert line.startswith("Precision differs between runs")
+    assert "bfloat16: MAS + AT-GRPO shared seed 0" in line and "float32: MAS + trajectory GRPO seed 1" in line
+    assert reproduce.precision_line(runs[1:]) == "Every run computed in float32."

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mas_lab import lora
+from mas_lab import lora, precision
 from mas_lab.actors import node_id
 from mas_lab.background import Background
 from mas_lab.algo.loss import clipped_policy_loss
@@ -56,7 +56,8 @@ class Learner:
         else:
             params = {next(iter(policies)): [p for p in self.model.parameters() if p.requires_grad]}
         self.model.train()
-        self.autocast = dtype == "bfloat16"
+        self.precision = precision.report(dtype, device)
+        self.autocast = self.precision["dtype"] == "bfloat16"
         self.optimizers = {
             name: torch.optim.AdamW(group, lr=algorithm.lr, weight_decay=algorithm.weight_decay)
             for name, group in params.items()
@@ -310,6 +311,10 @@ class Learner:
 
     def ready(self) -> bool:
         return True
+
+    def precision_report(self) -> dict[str, object]:
+        """The dtype this learner computes in, as resolved on its device (mas_lab/precision.py)."""
+        return self.precision
 
     def node(self) -> str:
         return node_id()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mas_lab import precision
 from mas_lab.config import Lora, Sampling
 from mas_lab.rollout import decode
 
@@ -66,6 +67,8 @@ class HFEngine:
         logging.disable_progress_bar()
         logging.set_verbosity_error()
         set_threads(threads)
+        self.precision = precision.report(dtype, device)
+        dtype = self.precision["dtype"]
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:

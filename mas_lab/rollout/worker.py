@@ -47,5 +47,9 @@ class RolloutWorker:
     def ready(self) -> bool:
         return True
 
+    def precision_report(self) -> dict[str, object]:
+        """The dtype this worker's engine generates in, as resolved on its device (mas_lab/precision.py)."""
+        return self.engine.precision
+
     def node(self) -> str:
         return node_id()

@@ -1,0 +1,106 @@
+"""dtype auto: bfloat16 only where the device computes it natively (mas_lab/precision.py). On a CPU
+without avx512_bf16 / amx_bf16 / bf16, torch emulates bf16 products tens of times slower than
+float32, so the shipped tasks ask for auto and a run that asks for bf16 there says so."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from mas_lab import precision, runs
+from mas_lab.config import load_task
+from mas_lab.learner.learner import Learner
+from mas_lab.models import resolve as model_folder
+from mas_lab.rollout.engine import HFEngine
+
+from conftest import ROOT
+
+NO_BF16 = frozenset({"fpu", "sse2", "avx2", "fma"})  # an AMD EPYC Zen 3: no AVX-512 at all
+BF16 = frozenset({"fpu", "avx2", "avx512f", "avx512_bf16"})
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    def set_flags(flags):
+        monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+
+    return set_flags
+
+
+def test_auto_is_bfloat16_only_on_a_cpu_with_native_bf16(cpu):
+    cpu(NO_BF16)
+    assert precision.resolve("auto", "cpu") == "float32"
+    assert precision.report("bfloat16", "cpu") == {"requested": "bfloat16", "dtype": "bfloat16", "device": "cpu",
+                                                   "emulated_bf16": True}
+    cpu(BF16)
+    assert precision.resolve("auto", "cpu") == "bfloat16"
+    assert precision.report("bfloat16", "cpu")["emulated_bf16"] is False
+    for flags in ({"amx_bf16"}, {"bf16", "asimd"}):  # AMX (x86), aarch64's BF16
+        cpu(frozenset(flags))
+        assert precision.resolve("auto", "cpu") == "bfloat16"
+    assert precision.resolve("float32", "cpu") == "float32"
+    with pytest.raises(ValueError, match="allowed are auto, float32, bfloat16"):
+        precision.resolve("float16", "cpu")
+
+
+def test_auto_on_cuda_asks_the_device():
+    expected = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    assert precision.resolve("auto", "cuda") == expected
+
+
+def test_the_flags_come_from_this_machines_cpuinfo():
+    precision.cpu_flags.cache_clear()
+    flags = precision.cpu_flags()
+    if Path("/proc/cpuinfo").is_file():
+        assert flags, "no flags line read from /proc/cpuinfo"
+        assert precision.native_bf16("cpu") == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def test_the_engine_and_the_learner_compute_in_the_resolved_dtype(cpu):
+    from mas_lab.config import Algorithm
+
+    folder = model_folder("tiny-test")
+    for flags, dtype in ((NO_BF16, torch.float32), (BF16, torch.bfloat16)):
+        cpu(flags)
+        engine = HFEngine(folder, dtype="auto", threads=1)
+        assert next(engine.model.parameters()).dtype == dtype and engine.precision["dtype"] == str(dtype)[6:]
+        learner = Learner(folder, Algorithm(), dtype="auto", threads=1)
+        assert learner.autocast == (dtype == torch.bfloat16)
+        assert next(learner.model.parameters()).dtype == torch.float32  # master weights stay float32
+        assert next(iter(learner.weights("shared").values())).dtype == dtype  # what the engine is sent
+
+
+def _train(tmp_path: Path, dtype: str) -> tuple[dict, list[dict]]:
+    task = load_task(ROOT / "tasks" / "toy.yaml", [f"policies.shared.dtype={dtype}", "train.steps=1",
+                                                   "train.eval_every=0", "checkpoint.every=0",
+                                                   f"tracking.mlflow_uri=sqlite:///{tmp_path / 'mlruns.db'}"])
+    run = runs.new_run(task, ROOT / "tasks" / "toy.yaml", tmp_path / dtype)
+    told: list[str] = []
+    summary = runs.train(run, use_ray=False, progress=lambda event: told.append(event.phase))
+    events = run.store.rows("SELECT kind, message FROM events ORDER BY rowid")
+    run.store.close()
+    return {**summary, "told": told}, events
+
+
+def test_a_run_records_its_dtypes_and_warns_when_bf16_is_emulated(tmp_path, cpu):
+    cpu(NO_BF16)
+    summary, events = _train(tmp_path, "bfloat16")
+    assert set(summary["precision"].values()) == {"bfloat16"} and len(summary["precision"]) == 2  # worker, learner
+    kinds = [e["kind"] for e in events]
+    assert "precision" in kinds and "warning" in kinds
+    warning = next(e["message"] for e in events if e["kind"] == "warning")
+    assert "bfloat16 is emulated" in warning and "auto" in warning
+    assert any(phase.startswith("warning: bfloat16 is emulated") for phase in summary["told"])
+
+    summary, events = _train(tmp_path, "auto")
+    assert set(summary["precision"].values()) == {"float32"}
+    assert "warning" not in [e["kind"] for e in events]
+    recorded = next(e["message"] for e in events if e["kind"] == "precision")
+    assert '"requested": "auto"' in recorded and '"dtype": "float32"' in recorded
+
+
+def test_no_shipped_task_asks_for_bfloat16_outright():
+    """bf16 is fast only where the hardware has it: the shipped tasks say auto, so a CPU without it
+    runs them in float32 instead of tens of times slower."""
+    asked = {path.name: policy.dtype for path in sorted((ROOT / "tasks").glob("*.yaml"))
+             for policy in load_task(path).policies.values() if policy.dtype == "bfloat16"}
+    assert not asked, asked
