@@ -86,3 +86,39 @@ def test_identical_prompts_are_prefilled_once_and_sample_as_if_apart():
         alone = eng.generate("shared", [messages], 2, sampling, seed=3, first_index=i)
         assert tokens(alone)[0] == tokens(together)[i]
     assert tokens(together)[0] != tokens(together)[1]  # same prompt, its own seeds
+
+
+def test_the_reserved_cache_holds_what_concatenation_would_and_grows_when_it_must():
+    from mas_lab.rollout.kv_cache import ReservedLayer
+
+    layer, keys, values = ReservedLayer(capacity=5), torch.empty(3, 2, 0, 4), torch.empty(3, 2, 0, 4)
+    for width in (3, 1, 1, 4, 1):  # 3 + 1 + 1 fill the room, then it doubles and more
+        k, v = torch.randn(3, 2, width, 4), torch.randn(3, 2, width, 4)
+        got_k, got_v = layer.update(k, v)
+        keys, values = torch.cat([keys, k], dim=-2), torch.cat([values, v], dim=-2)
+        assert torch.equal(got_k, keys) and torch.equal(got_v, values) and layer.get_seq_length() == keys.shape[-2]
+    assert layer._keys.shape[-2] >= 10
+    index = torch.tensor([2, 0])
+    layer.batch_select_indices(index)
+    assert torch.equal(layer.keys, keys[index]) and torch.equal(layer.values, values[index])
+    k = torch.randn(2, 2, 1, 4)
+    assert torch.equal(layer.update(k, k)[0], torch.cat([keys[index], k], dim=-2))
+
+
+def test_sampling_with_the_reserved_cache_equals_sampling_with_concatenation(monkeypatch):
+    """Same tokens, log-probs within float32 rounding, rows leaving the batch at their stop token."""
+    from mas_lab.rollout import decode
+
+    eng = HFEngine(resolve("tiny-test"), threads=1)
+    prompts = [eng.encode([{"role": "user", "content": text}]) for text in ("write a", "say b please", "c")]
+    args = dict(temperature=1.0, top_p=1.0, max_new_tokens=24, stop_ids=eng.eos_ids | {eng.tokenizer.convert_tokens_to_ids("a")},
+                pad_id=eng.tokenizer.pad_token_id, seed=7)
+    reserved = decode.sample(eng.model, prompts, 4, **args)
+    monkeypatch.setattr(decode, "RESERVED_CACHE", False)
+    concatenated = decode.sample(eng.model, prompts, 4, **args)
+    lengths = {len(d.tokens) for row in reserved for d in row}
+    assert len(lengths) > 1  # some rows stopped early: the cache lost rows on the way
+    for row, other in zip(reserved, concatenated):
+        for a, b in zip(row, other):
+            assert a.tokens == b.tokens and a.stopped == b.stopped
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5

@@ -56,7 +56,7 @@ def test_shared_prompt_forward_equals_the_full_sequence_forward_values_and_gradi
     params = [p for p in learner.model.parameters() if p.requires_grad]
     logp = learner._logp(batches[0])
     rows = [row[batches[0].mask[i].bool()] for i, row in enumerate(logp)]
-    order = samples
+    order = sorted(samples, key=lambda s: tuple(s.prompt_ids))  # micro-batches take prompts in token order
     reference = full_sequence_logp(learner, order)
     for got, want in zip(rows, reference):
         assert (got - want).abs().max() < 1e-5
@@ -156,3 +156,63 @@ def test_the_learner_applies_and_reports_truncated_importance_sampling():
     assert abs(result["tis_weight_mean"] - 1.2) < 1e-4 and result["tis_capped_frac"] == 1.0
     learner.algo = Algorithm(lr=1e-9)
     assert "tis_weight_mean" not in learner.update({"shared": shifted})["shared"]
+
+
+SYSTEM = ("You are the planner. Solve the task. End with one line 'Moves:' followed by your moves, one letter "
+          "each (U, D, L or R).")
+ROLE_PROMPTS = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+                for text in ("Grid: .G. / ..S", "Grid: S.. / ... / ..G, G is 2 rows down", "Grid: G S")]
+
+
+def _prefilled_tokens(model) -> list[int]:
+    """Token counts of each forward call of `model` (a hook), to see what was prefilled."""
+    counts: list[int] = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: counts.append(kwargs["input_ids"].numel()),
+                                    with_kwargs=True)
+    return counts
+
+
+def test_a_shared_prefix_is_prefilled_once_and_samples_the_same_tokens(monkeypatch):
+    from mas_lab.rollout import decode
+
+    folder = resolve("tiny-test")
+    engine = HFEngine(folder, threads=1)
+    encoded = [tuple(engine.encode(p)) for p in ROLE_PROMPTS]
+    shared = decode.shared_prefix(encoded)
+    assert shared >= decode.MIN_SHARED_PREFIX and all(p[:shared] == encoded[0][:shared] for p in encoded)
+    counts = _prefilled_tokens(engine.model)
+    sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=12)
+    rows = engine.generate("shared", ROLE_PROMPTS, 3, sampling, seed=5)
+    assert counts[0] == shared and counts[1] == 3 * max(len(p) - shared for p in encoded)  # prefix once, then the rest
+    monkeypatch.setattr(decode, "MIN_SHARED_PREFIX", 10**6)  # every prompt whole, as before
+    counts.clear()
+    plain = engine.generate("shared", ROLE_PROMPTS, 3, sampling, seed=5)
+    assert counts[0] == 3 * max(map(len, encoded))
+    for row, plain_row in zip(rows, plain):
+        for g, p in zip(row, plain_row):
+            assert g.response_ids == p.response_ids
+            assert max(abs(a - b) for a, b in zip(g.logprobs, p.logprobs)) < 1e-4
+
+
+def test_the_learner_computes_a_shared_prefix_once_with_the_same_logprobs_and_gradients():
+    folder = resolve("tiny-test")
+    engine = HFEngine(folder, threads=1)
+    rows = engine.generate("shared", ROLE_PROMPTS, 2, Sampling(temperature=0.7, max_new_tokens=10), seed=2)
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
+               for i, g in enumerate(g for row in rows for g in row)]
+    learner = Learner(folder, Algorithm(micro_batch=6), threads=1)
+    (batch,) = learner._micro_batches(samples)
+    assert batch.prefix_ids.numel() >= 16 and batch.prompt_ids.shape[0] == 3
+    counts = _prefilled_tokens(learner.model.get_decoder())
+    logp = learner._logp(batch)
+    assert counts[0] == batch.prefix_ids.numel()
+    known = batch.mask.bool()
+    assert (logp[known] - batch.sampler[known]).abs().max() < 1e-4  # what the sampler sampled
+    order = sorted(samples, key=lambda s: tuple(s.prompt_ids))
+    got = [row[batch.mask[i].bool()] for i, row in enumerate(logp)]
+    want = full_sequence_logp(learner, order)
+    assert max(float((a - b).detach().abs().max()) for a, b in zip(got, want)) < 1e-5
+    params = [p for p in learner.model.parameters() if p.requires_grad]
+    grad_shared = torch.autograd.grad(sum(r.sum() for r in got), params)
+    grad_full = torch.autograd.grad(sum(r.sum() for r in full_sequence_logp(learner, order)), params)
+    assert max(float((a - b).abs().max()) for a, b in zip(grad_shared, grad_full)) < 1e-4

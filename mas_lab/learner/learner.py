@@ -21,7 +21,7 @@ from mas_lab.background import Background
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.samples import Sample
-from mas_lab.rollout.decode import cache_keyword, left_pad
+from mas_lab.rollout.decode import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 from mas_lab.rollout.engine import set_threads
 
 
@@ -71,11 +71,14 @@ class Learner:
         self._saves: list[Background] = []  # background checkpoint writes
 
     def _batch(self, samples: list[Sample]) -> "Batch":
-        """Each distinct prompt once (left-padded), every response (right-padded) with the row of
-        its prompt; per response token: loss mask, temperature, sampler log-prob (NaN if unknown)."""
+        """The tokens all its distinct prompts start with, once; each distinct prompt's remainder
+        once (left-padded); every response (right-padded) with the row of its prompt; per response
+        token: loss mask, temperature, sampler log-prob (NaN if unknown)."""
         rows: dict[tuple[int, ...], int] = {}
         which = [rows.setdefault(tuple(s.prompt_ids), len(rows)) for s in samples]
-        prompt_ids, prompt_mask, prompt_positions = left_pad(list(rows), pad_id=0)
+        shared = shared_prefix(list(rows))
+        prompt_ids, prompt_mask, prompt_positions = after_prefix(list(rows), 0, shared)
+        prefix_ids = torch.tensor(next(iter(rows))[:shared], dtype=torch.long)
         r_width = max(max(len(s.response_ids) for s in samples), 1)
         response_ids = torch.zeros(len(samples), r_width, dtype=torch.long)
         mask = torch.zeros(len(samples), r_width)
@@ -89,17 +92,19 @@ class Learner:
             if len(s.sampler_logprobs) == n and n:
                 sampler[row, :n] = torch.tensor(s.sampler_logprobs)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        return Batch(prompt_ids, prompt_mask, prompt_positions, torch.tensor(which), response_ids, mask, advantages,
-                     temperature, sampler).to(self.device)
+        return Batch(prefix_ids, prompt_ids, prompt_mask, prompt_positions, torch.tensor(which), response_ids, mask,
+                     advantages, temperature, sampler).to(self.device)
 
     def _micro_batches(self, samples: list[Sample]) -> list["Batch"]:
         """Samples in micro-batches of at most `micro_batch`, the K candidates of one prompt kept
-        together where they fit, so each prompt is computed once per micro-batch."""
+        together where they fit, so each prompt is computed once per micro-batch; prompts in token
+        order, so a micro-batch holds prompts of one role (one system prompt), whose common
+        prefix is computed once."""
         by_prompt: dict[tuple[int, ...], list[Sample]] = {}
         for s in samples:
             by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
         size, chunks, current = self.algo.micro_batch, [], []
-        for group in by_prompt.values():
+        for _, group in sorted(by_prompt.items(), key=lambda item: item[0]):
             for i in range(0, len(group), size):
                 part = group[i : i + size]
                 if current and len(current) + len(part) > size:
@@ -118,6 +123,8 @@ class Learner:
         The K candidates of a group share their prompt (AT-GRPO samples them from one observation,
         paper Sec. 4.1), so each distinct prompt runs through the model once, with gradients, and
         its keys and values are repeated for its candidates; the responses then run on top of them.
+        The prefix all prompts of the micro-batch share (one role's system prompt) runs once before
+        them, its keys and values repeated for every prompt (gradients flow back through the repeat).
         The first response token is predicted at the prompt's last position. The output layer runs
         only at response positions."""
         from transformers import DynamicCache
@@ -126,6 +133,8 @@ class Learner:
         cache = DynamicCache()
         cache_arg = {cache_keyword(decoder): cache}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            if batch.prefix_ids.numel():
+                prefill_prefix(decoder, batch.prefix_ids, len(batch.prompt_ids), cache, cache_arg)
             prompt = decoder(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask,
                              position_ids=batch.prompt_positions, use_cache=True, **cache_arg).last_hidden_state
             cache.batch_select_indices(batch.which)  # each candidate attends to its own prompt's keys/values
@@ -230,7 +239,11 @@ class Learner:
             return 0.0
         probe, initial = self.reference[name]
         total, tokens = 0.0, 0.0
-        for batch, logp0 in zip(self._micro_batches(probe), initial):
+        batches = self._micro_batches(probe)
+        if [tuple(b.mask.shape) for b in batches] != [tuple(t.shape) for t in initial]:
+            raise RuntimeError(f"policy '{name}': the KL probe's initial log-probs were stored in micro-batches of "
+                               "another shape (a checkpoint written by another version of the learner)")
+        for batch, logp0 in zip(batches, initial):
             delta = (self._logp(batch) - logp0).double()[batch.mask.bool()]
             total += float((torch.exp(delta) - 1 - delta).sum())
             tokens += float(batch.mask.sum())
@@ -385,10 +398,13 @@ class _TruncatedIS:
 
 @dataclass
 class Batch:
-    """A micro-batch: distinct prompts ([P, prompt width], left-padded, with position ids),
+    """A micro-batch: the prefix all its prompts share ([S] token ids, maybe empty), the distinct
+    prompts after it ([P, width], left-padded; the mask [P, S + width] covers the prefix too; position
+    ids continue the prefix's),
     `which` prompt row each sample continues ([B]), responses ([B, response width], right-padded) with their loss mask,
     per-token temperature and sampler log-prob (NaN where unknown), and the advantages ([B])."""
 
+    prefix_ids: torch.Tensor
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
     prompt_positions: torch.Tensor

@@ -5,7 +5,12 @@ the observations are long while the answers are short. `generate(num_return_sequ
 each prompt K times before the prefill; here each distinct prompt of a call is prefilled once (the
 K trajectories of one problem share their first observation) and its KV cache is repeated for its
 candidates, finished rows leave the batch (their cache is dropped, so later steps attend over
-fewer rows), and the output layer runs for the last position only.
+fewer rows), the output layer runs for the last position only, and new keys and values are
+written into a cache reserved for the whole call (rollout/kv_cache.py) instead of being
+concatenated onto it at every token. The tokens every distinct
+prompt of a call starts with (one role's system prompt and task preamble: 106-128 of 230-296
+tokens on Plan-Path and Sokoban) are prefilled once for the whole call, and each prompt's own
+remainder runs on top of them (`shared_prefix`); the learner does the same.
 
 Every candidate draws its tokens from its own torch.Generator seeded by (call seed, prompt index,
 candidate index): what one candidate samples does not depend on which other prompts share the
@@ -19,11 +24,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from dataclasses import dataclass
 
 import torch
 
 SEED_STRIDE = 1_000_003  # seeds of different calls do not collide for up to a million candidates
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a forward call of their own
+RESERVED_CACHE = True  # False: transformers' DynamicCache (benchmarks/sampling_loop.py compares them)
 
 
 @dataclass
@@ -58,6 +66,35 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def shared_prefix(prompts: list[tuple[int, ...]]) -> int:
+    """How many leading tokens every prompt has in common, leaving each at least one token of its
+    own (its last position gives the next-token logits); 0 for fewer than two prompts or a common
+    part under MIN_SHARED_PREFIX tokens."""
+    if len(prompts) < 2:
+        return 0
+    common = min(len(os.path.commonprefix(list(prompts))), min(len(p) for p in prompts) - 1)
+    return common if common >= MIN_SHARED_PREFIX else 0
+
+
+def after_prefix(prompts: list[tuple[int, ...]], pad_id: int, shared: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompts without their first `shared` tokens, left-padded ([P, w]); the attention mask
+    over the prefix and them ([P, shared + w]: ones for the prefix, then the padding mask), and
+    their position ids, which continue the prefix's. The padding sits between the prefix and each
+    remainder, where the mask hides it; with shared = 0 this is `left_pad`."""
+    ids, mask, positions = left_pad([p[shared:] for p in prompts], pad_id)
+    if not shared:
+        return ids, mask, positions
+    return ids, torch.cat([torch.ones(len(prompts), shared, dtype=mask.dtype), mask], dim=1), positions + shared
+
+
+def prefill_prefix(model, prefix: torch.Tensor, rows: int, cache, cache_arg: dict, **kwargs) -> None:
+    """Run the shared prefix ([shared] token ids) once into `cache`, then repeat it for `rows` rows
+    (`kwargs` go to the forward call, e.g. logits_to_keep=1 for a causal LM)."""
+    positions = torch.arange(len(prefix), device=prefix.device).unsqueeze(0)
+    model(input_ids=prefix.unsqueeze(0), position_ids=positions, use_cache=True, **cache_arg, **kwargs)
+    cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=prefix.device))
+
+
 def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """One token per row: the first whose cumulative probability exceeds u * total (a token of
     probability zero is never picked). One uniform number per row and one cumsum over the batch:
@@ -84,15 +121,22 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
     caller's whole list (rollout workers that got a slice seed as if they had all prompts)."""
     from transformers import DynamicCache
 
+    from mas_lab.rollout.kv_cache import ReservedCache
+
     greedy = temperature == 0.0
     device = next(model.parameters()).device  # the model's; sampling itself runs on the CPU
     # Identical prompts (the K trajectories of one problem at turn 0 in trajectory mode) are
     # prefilled once; every candidate row then starts from its prompt's cache row.
     distinct: dict[tuple[int, ...], int] = {}
     source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-    ids, attention, positions = (t.to(device) for t in left_pad(list(distinct), pad_id))
-    cache = DynamicCache()  # updated in place by every forward
+    shared = shared_prefix(list(distinct))
+    ids, attention, positions = (t.to(device) for t in after_prefix(list(distinct), pad_id, shared))
+    # updated in place by every forward, with room for the whole call (no copy of it per token)
+    cache = ReservedCache(shared + ids.shape[1] + max_new_tokens) if RESERVED_CACHE else DynamicCache()
     cache_arg = {cache_keyword(model): cache}
+    if shared:
+        prefill_prefix(model, torch.tensor(next(iter(distinct))[:shared], device=device), len(distinct), cache, cache_arg,
+                       logits_to_keep=1)
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
                 **cache_arg)
     rows = len(prompts) * n
