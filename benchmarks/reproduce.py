@@ -239,16 +239,19 @@ def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
     for name, source in UNTRAINED.items():
         runs = by_regime.get(source, [])
         if runs:
-            rows[name] = {**cell([(r["summary"]["eval_before"], eval_n(r)) for r in runs]), "runs": runs, "trained": False}
+            rows[name] = {**cell([(r["summary"]["eval_before"], eval_n(r)) for r in runs]), "runs": runs, "trained": False,
+                          "by_seed": {r["seed"]: r["summary"]["eval_before"] for r in runs}}
     for name in REGIME_NAMES:
         runs = by_regime.get(name, [])
         if runs:
-            rows[name] = {**cell([(r["summary"]["eval_after"], eval_n(r)) for r in runs]), "runs": runs, "trained": True}
+            rows[name] = {**cell([(r["summary"]["eval_after"], eval_n(r)) for r in runs]), "runs": runs, "trained": True,
+                          "by_seed": {r["seed"]: r["summary"]["eval_after"] for r in runs}}
     seeds = sorted({r["seed"] for r in results})
     if seeds:  # no model: the best fixed answer on each seed's held-out problems (mas_lab/baselines.py)
         best = [constant_baseline(results[0]["task"], seed) for seed in seeds]
         rows["constant answer (no model)"] = {**cell([(b.success, b.problems) for b in best]), "runs": [],
                                               "seeds": seeds, "trained": False,
+                                              "by_seed": {seed: b.success for seed, b in zip(seeds, best)},
                                               "note": "; ".join(sorted({repr(b.answer) for b in best}))}
     lines = ["| regime | seeds | held-out success, pooled [95% interval] | mean over seeds ± sd | per seed | CPU time |",
              "|---|---|---|---|---|---|"]
@@ -278,10 +281,22 @@ def eval_n(result: dict) -> int:
 
 
 def orderings(rows: dict[str, dict]) -> list[str]:
-    """Only the pairs whose pooled intervals do not overlap."""
-    names = list(rows)
-    found = [f"{a} above {b}" for a in names for b in names if a != b and rows[a]["low"] > rows[b]["high"]]
-    return found or ["no pair of regimes has non-overlapping intervals: no ordering is claimed"]
+    """The pairs whose pooled intervals do not overlap and whose order holds on every seed both rows
+    have: pooling counts the seeds' episodes as one sample, which understates the spread between
+    seeds, so a pair that one seed contradicts is named as not claimed."""
+    claimed, contradicted = [], []
+    for a in rows:
+        for b in rows:
+            if a == b or rows[a]["low"] <= rows[b]["high"]:
+                continue
+            shared = sorted(rows[a]["by_seed"].keys() & rows[b]["by_seed"].keys())
+            against = "; ".join(f"seed {s} gives {rows[a]['by_seed'][s]:.3f} against {rows[b]['by_seed'][s]:.3f}"
+                                for s in shared if rows[a]["by_seed"][s] <= rows[b]["by_seed"][s])
+            if against:
+                contradicted.append(f"not claimed: {a} above {b} (the pooled intervals are apart, but {against})")
+            else:
+                claimed.append(f"{a} above {b}")
+    return (claimed + contradicted) or ["no pair of regimes has non-overlapping intervals: no ordering is claimed"]
 
 
 def plot(results: list[dict], image: Path, constant: dict | None = None) -> None:
@@ -424,7 +439,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
             + (f" ({resumed} of them continued from a checkpoint after an interruption, times added up)"
                if (resumed := sum(r.get("attempts", 1) > 1 for r in results)) else "") + "."
             + (f" Not yet run: {', '.join(missing)}." if missing else "") + " " + precision_line(results), "",
-            "Orderings the intervals support: " + "; ".join(orderings(rows)) + ".", ""]
+            "Orderings the intervals support (pooled intervals apart, and the same order on every seed both regimes ran): " + "; ".join(orderings(rows)) + ".", ""]
     if swaps:
         text += ["Swap ablation (per-role runs, final checkpoint, role -> policy map swapped, `mas-lab eval "
                  "--swap-policies`):", "", *swaps, ""]

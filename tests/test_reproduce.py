@@ -28,6 +28,20 @@ def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it(
     assert "MAS + AT-GRPO shared above constant answer (no model)" in reproduce.orderings(rows)
 
 
+def test_an_ordering_that_one_seed_contradicts_is_not_claimed():
+    """Pooled intervals count every seed's episodes as one sample; a seed on which the order flips
+    withholds the claim and is named."""
+    reproduce = _reproduce_module()
+    rows = {"A": {"low": 0.6, "high": 0.8, "by_seed": {0: 0.9, 1: 0.5}},
+            "B": {"low": 0.1, "high": 0.3, "by_seed": {0: 0.1, 1: 0.55}},
+            "C": {"low": 0.0, "high": 0.05, "by_seed": {0: 0.0, 1: 0.0, 2: 0.1}}}
+    found = reproduce.orderings(rows)
+    assert "A above B" not in found
+    assert "not claimed: A above B (the pooled intervals are apart, but seed 1 gives 0.500 against 0.550)" in found
+    assert {"A above C", "B above C"} <= set(found)
+    assert found.index("B above C") < found.index(next(f for f in found if f.startswith("not claimed")))
+
+
 def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     """The regimes of a family differ only in the team and the update: same env, problems, steps,
     K, warm-up and evaluation (the paper's comparison at one budget)."""
