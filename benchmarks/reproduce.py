@@ -219,13 +219,15 @@ def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def cell(rates: list[tuple[float, int]]) -> dict:
-    """Pooled success over seeds with its 95% Wilson interval, and the mean and spread over seeds."""
-    successes = sum(rate * n for rate, n in rates)
-    n = sum(n for _, n in rates)
+def cell(rates: list[tuple[int, float, int]]) -> dict:
+    """Pooled success over seeds with its 95% Wilson interval, the mean and spread over seeds, and
+    each seed's success (from (seed, success, episodes) triples)."""
+    successes = sum(rate * n for _, rate, n in rates)
+    n = sum(n for _, _, n in rates)
     low, high = wilson_interval(successes, n)
-    per_seed = [rate for rate, _ in rates]
+    per_seed = [rate for _, rate, _ in rates]
     return {"pooled": successes / n if n else 0.0, "low": low, "high": high, "n": n, "per_seed": per_seed,
+            "by_seed": {seed: rate for seed, rate, _ in rates},
             "mean": statistics.fmean(per_seed) if per_seed else 0.0,
             "sd": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0}
 
@@ -239,19 +241,18 @@ def table(results: list[dict]) -> tuple[list[str], dict[str, dict]]:
     for name, source in UNTRAINED.items():
         runs = by_regime.get(source, [])
         if runs:
-            rows[name] = {**cell([(r["summary"]["eval_before"], eval_n(r)) for r in runs]), "runs": runs, "trained": False,
-                          "by_seed": {r["seed"]: r["summary"]["eval_before"] for r in runs}}
+            rows[name] = {**cell([(r["seed"], r["summary"]["eval_before"], eval_n(r)) for r in runs]), "runs": runs,
+                          "trained": False}
     for name in REGIME_NAMES:
         runs = by_regime.get(name, [])
         if runs:
-            rows[name] = {**cell([(r["summary"]["eval_after"], eval_n(r)) for r in runs]), "runs": runs, "trained": True,
-                          "by_seed": {r["seed"]: r["summary"]["eval_after"] for r in runs}}
+            rows[name] = {**cell([(r["seed"], r["summary"]["eval_after"], eval_n(r)) for r in runs]), "runs": runs,
+                          "trained": True}
     seeds = sorted({r["seed"] for r in results})
     if seeds:  # no model: the best fixed answer on each seed's held-out problems (mas_lab/baselines.py)
         best = [constant_baseline(results[0]["task"], seed) for seed in seeds]
-        rows["constant answer (no model)"] = {**cell([(b.success, b.problems) for b in best]), "runs": [],
-                                              "seeds": seeds, "trained": False,
-                                              "by_seed": {seed: b.success for seed, b in zip(seeds, best)},
+        rows["constant answer (no model)"] = {**cell([(seed, b.success, b.problems) for seed, b in zip(seeds, best)]),
+                                              "runs": [], "seeds": seeds, "trained": False,
                                               "note": "; ".join(sorted({repr(b.answer) for b in best}))}
     lines = ["| regime | seeds | held-out success, pooled [95% interval] | mean over seeds ± sd | per seed | CPU time |",
              "|---|---|---|---|---|---|"]
