@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -70,8 +71,13 @@ class RunStore:
                 raise FileNotFoundError(f"{self.path}: no run store")
             self.db = self._read_only()
             self._check_version()
+            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+                self.db.close()
+                raise StoreError(f"{self.path}: not a mas-lab run store (it has no meta table)")
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            self._create_atomically()
         self.db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
         self._check_version()
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -83,6 +89,30 @@ class RunStore:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.db.commit()
+
+    def _create_atomically(self) -> None:
+        """Build the schema in a private file, then link it into place: a reader (the dashboard, `mas-lab
+        status`) that finds run.db always finds every table. sqlite would otherwise create an empty
+        run.db at connect and the tables a moment later, and a reader polling in between failed
+        with 'no such table'. os.link never replaces a file, so of two concurrent creators one wins
+        and the other opens the winner's store."""
+        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
+        staging.unlink(missing_ok=True)
+        try:
+            db = sqlite3.connect(staging)
+            db.executescript(SCHEMA)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.commit()
+            db.close()
+            try:
+                os.link(staging, self.path)
+            except FileExistsError:
+                pass
+            except OSError:  # a file system without hard links: a rename, which could replace a racer's store
+                if not self.path.exists():
+                    os.replace(staging, self.path)
+        finally:
+            staging.unlink(missing_ok=True)
 
     def _read_only(self) -> sqlite3.Connection:
         uri = f"file:{self.path.resolve()}?mode=ro"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mas_lab.control import RunControl
-from mas_lab.store import RunStore
+from mas_lab.store import RunStore, StoreError
 
 from conftest import ROOT, wait_for
 
@@ -114,6 +114,45 @@ def test_readers_never_change_the_store(tmp_path):
     assert cli("replay", run_dir, "--text", cwd=tmp_path).returncode == 0
     RunControl(RunStore(run_dir / "run.db", create=False)).status()
     assert digest(run_dir / "run.db") == before
+
+
+def test_a_reader_never_finds_a_store_without_its_tables(tmp_path, monkeypatch):
+    """The dashboard polls for run.db while `mas-lab run` creates it: whenever the file is there,
+    every table must be. The probe looks at run.db each time the writer is about to run SQL."""
+    path = tmp_path / "run" / "run.db"
+    seen, looking = [], []
+
+    def look():
+        if path.exists() and not looking:  # the reader's own SQL is not probed
+            looking.append(True)
+            try:
+                reader = RunStore(path, create=False)  # raises on a store without its tables
+                seen.append(RunControl(reader).status()["pending"])
+                reader.close()
+            finally:
+                looking.clear()
+
+    class Probing(sqlite3.Connection):
+        def execute(self, *args):
+            look()
+            return super().execute(*args)
+
+        def executescript(self, script):
+            look()
+            return super().executescript(script)
+
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: connect(*a, **k, factory=Probing))
+    RunStore(path).close()
+    assert seen and all(pending == [] for pending in seen)  # the probe saw the finished store
+
+
+def test_a_file_that_is_not_a_run_store_gets_a_clear_error(tmp_path):
+    (tmp_path / "run.db").write_bytes(b"")
+    with pytest.raises(StoreError, match="not a mas-lab run store"):
+        RunStore(tmp_path / "run.db", create=False)
+    result = cli("status", tmp_path, cwd=tmp_path)
+    assert result.returncode == 2 and "not a mas-lab run store" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_resume_from_another_working_folder_continues_the_same_mlflow_run(tmp_path):
