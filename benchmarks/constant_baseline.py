@@ -7,14 +7,15 @@ it too).
 Prints one JSON line per seed: the best fixed answer of the task's environment, the problems it
 solves, and the 95% Wilson interval.
 """
+
 import argparse
 import json
 import time
 
 from mas_lab.baselines import task_baseline
 from mas_lab.config import load_task
-from mas_lab.controller import wilson_interval
 from mas_lab.envs import ENVS, ProblemPool
+from mas_lab.reporting import wilson_interval
 
 parser = argparse.ArgumentParser()
 parser.add_argument("task", nargs="?", default="tasks/plan_path_learns.yaml")
@@ -28,9 +29,18 @@ for seed in args.seeds or [task.train.seed]:
     pool = ProblemPool(env_cls, params, seed, args.problems or task.train.eval_problems)
     started = time.perf_counter()
     best = task_baseline(task, pool.eval_set)
-    out = {"task": task.name, "seed": seed, "eval_problems": len(pool.eval_set),
-           "answers_tried": len(env_cls.constant_answers(params)), "seconds": round(time.perf_counter() - started, 2)}
+    out = {
+        "task": task.name,
+        "seed": seed,
+        "eval_problems": len(pool.eval_set),
+        "answers_tried": len(env_cls.constant_answers(params)),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
     if best is not None:
-        out |= {"best_answer": best.answer, "solved": best.solved, "success": best.success,
-                "ci": [round(x, 3) for x in wilson_interval(best.solved, best.problems)]}
+        out |= {
+            "best_answer": best.answer,
+            "solved": best.solved,
+            "success": best.success,
+            "ci": [round(x, 3) for x in wilson_interval(best.solved, best.problems)],
+        }
     print(json.dumps(out))

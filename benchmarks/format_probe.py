@@ -7,6 +7,7 @@ role's first reply on training problems and scores each on a fresh state (no too
 Prints one JSON line per temperature: the share of legal answers, of solved problems, and the
 most common answers (a policy that answers every problem alike shows it here).
 """
+
 import argparse
 import collections
 import json
@@ -39,8 +40,13 @@ prompts = [with_system(env_cls(p, params).messages(role.name, 0), role.system_pr
 for i, temperature in enumerate(args.temperatures):
     top_p = args.top_p[i] if args.top_p else 1.0
     started = time.perf_counter()
-    rows = engine.generate(role.policy, prompts, args.k, Sampling(temperature=temperature, top_p=top_p,
-                                                                  max_new_tokens=role.sampling.max_new_tokens), seed=1)
+    rows = engine.generate(
+        role.policy,
+        prompts,
+        args.k,
+        Sampling(temperature=temperature, top_p=top_p, max_new_tokens=role.sampling.max_new_tokens),
+        seed=1,
+    )
     legal = solved = 0
     answers: collections.Counter = collections.Counter()
     for problem, row in zip(problems, rows):
@@ -51,6 +57,19 @@ for i, temperature in enumerate(args.temperatures):
             solved += env.success
             answers[str(env.parse_answer(g.text))] += 1
     n = args.k * len(problems)
-    print(json.dumps({"task": task.name, "role": role.name, "temperature": temperature, "top_p": top_p, "replies": n,
-                      "legal": legal / n, "solved": solved / n, "top_answers": answers.most_common(5),
-                      "seconds": round(time.perf_counter() - started, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "task": task.name,
+                "role": role.name,
+                "temperature": temperature,
+                "top_p": top_p,
+                "replies": n,
+                "legal": legal / n,
+                "solved": solved / n,
+                "top_answers": answers.most_common(5),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        ),
+        flush=True,
+    )

@@ -11,6 +11,7 @@ the clipped loss, backward, AdamW step. Ours shares each prompt's forward among 
 and runs the output layer at response positions only. Reports seconds per update and per 1k
 completion tokens, and the ratio. The first update of each is a warm-up. Run on an idle machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,7 @@ import time
 
 import torch
 
+from mas_lab.actors import set_threads
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
@@ -27,7 +29,7 @@ from mas_lab.episodes import with_system
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
 from mas_lab.models import resolve
-from mas_lab.rollout.engine import HFEngine, set_threads
+from mas_lab.rollout.engine import HFEngine
 
 
 def plain_update(model, optimizer, samples: list[Sample], micro_batch: int, autocast: bool) -> None:
@@ -68,17 +70,22 @@ def main() -> None:
     task = load_task(args.task)
     role = task.roles[0]
     k = args.k or task.algorithm.k
-    algorithm = task.algorithm.model_copy(update={"micro_batch": args.micro_batch or task.algorithm.micro_batch,
-                                                  "kl_probe": 0})
+    algorithm = task.algorithm.model_copy(
+        update={"micro_batch": args.micro_batch or task.algorithm.micro_batch, "kl_probe": 0}
+    )
     pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, eval_size=1)
     model_dir = resolve(task.policies[role.policy].model)
     set_threads(args.threads)
     engine = HFEngine(model_dir, dtype=args.dtype, threads=args.threads)
-    messages = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt)
-                for i in range(args.problems)]
+    messages = [
+        with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(args.problems)
+    ]
     rows = engine.generate(role.policy, messages, k, role.sampling, seed=0)
-    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if c % 2 else -1.0, role.sampling.temperature or 1.0)
-               for row in rows for c, g in enumerate(row)]
+    samples = [
+        Sample(g.prompt_ids, g.response_ids, 1.0 if c % 2 else -1.0, role.sampling.temperature or 1.0)
+        for row in rows
+        for c, g in enumerate(row)
+    ]
     del engine
     tokens = sum(len(s.response_ids) for s in samples)
 
@@ -103,14 +110,24 @@ def main() -> None:
         if repeat:
             plain.append(time.perf_counter() - started)
     ours_s, plain_s = statistics.fmean(ours), statistics.fmean(plain)
-    print(json.dumps({
-        "task": task.name, "dtype": args.dtype, "samples": len(samples), "completion_tokens": tokens,
-        "prompt_tokens_mean": round(statistics.fmean(len(s.prompt_ids) for s in samples), 1),
-        "micro_batch": algorithm.micro_batch, "threads": torch.get_num_threads(),
-        "ours_s": round(ours_s, 2), "plain_s": round(plain_s, 2),
-        "ours_s_per_1k_tokens": round(1000 * ours_s / tokens, 2), "plain_s_per_1k_tokens": round(1000 * plain_s / tokens, 2),
-        "speedup": round(plain_s / ours_s, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "task": task.name,
+                "dtype": args.dtype,
+                "samples": len(samples),
+                "completion_tokens": tokens,
+                "prompt_tokens_mean": round(statistics.fmean(len(s.prompt_ids) for s in samples), 1),
+                "micro_batch": algorithm.micro_batch,
+                "threads": torch.get_num_threads(),
+                "ours_s": round(ours_s, 2),
+                "plain_s": round(plain_s, 2),
+                "ours_s_per_1k_tokens": round(1000 * ours_s / tokens, 2),
+                "plain_s_per_1k_tokens": round(1000 * plain_s / tokens, 2),
+                "speedup": round(plain_s / ours_s, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

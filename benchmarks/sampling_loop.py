@@ -17,6 +17,7 @@ lengths, and how many sampled candidates came out token for token as ours (float
 differs between the ways by ~1e-5 in a log-prob, so a rare draw near a boundary of the inverse
 CDF goes the other way, and that candidate its own way after it). Run on an idle machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ import json
 import statistics
 import time
 
-from mas_lab import precision
+from mas_lab import precision, prefill
 from mas_lab.config import Sampling, load_task
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.episodes import with_system
@@ -34,7 +35,7 @@ from mas_lab.models import resolve
 from mas_lab.rollout import decode
 from mas_lab.rollout.engine import HFEngine
 
-SHARED = decode.MIN_SHARED_PREFIX
+SHARED = prefill.MIN_SHARED_PREFIX
 VARIANTS = {"ours": (SHARED, True), "no_reserved_cache": (SHARED, False), "no_shared_prefix": (10**9, True)}
 
 
@@ -44,12 +45,12 @@ def side_by_side(fn, names: list[str], repeats: int) -> tuple[dict, dict]:
     outs: dict[str, object] = {}
     for round_ in range(repeats + 1):
         for name in names:
-            decode.MIN_SHARED_PREFIX, decode.RESERVED_CACHE = VARIANTS[name]
+            prefill.MIN_SHARED_PREFIX, decode.RESERVED_CACHE = VARIANTS[name]
             started = time.perf_counter()
             outs[name] = fn()
             if round_:
                 times[name].append(time.perf_counter() - started)
-    decode.MIN_SHARED_PREFIX, decode.RESERVED_CACHE = VARIANTS["ours"]
+    prefill.MIN_SHARED_PREFIX, decode.RESERVED_CACHE = VARIANTS["ours"]
     median = {name: statistics.median(t) for name, t in times.items()}
     report = {f"{name}_s": round(median[name], 2) for name in names}
     report.update({f"{name}_over_ours": round(median[name] / median["ours"], 3) for name in names if name != "ours"})
@@ -72,29 +73,47 @@ def main() -> None:
     folder = resolve(task.policies[task.roles[0].policy].model)
     engine = HFEngine(folder, dtype=args.dtype, threads=args.threads)
     learner = Learner(folder, task.algorithm.model_copy(update={"lr": 1e-7}), dtype=args.dtype, threads=args.threads)
-    out = {"task": args.task, "dtype": precision.resolve(args.dtype, "cpu"), "problems": args.problems, "k": k,
-           "micro_batch": task.algorithm.micro_batch, "greedy_problems": args.greedy_problems, "roles": {}}
+    out = {
+        "task": args.task,
+        "dtype": precision.resolve(args.dtype, "cpu"),
+        "problems": args.problems,
+        "k": k,
+        "micro_batch": task.algorithm.micro_batch,
+        "greedy_problems": args.greedy_problems,
+        "roles": {},
+    }
     every = list(VARIANTS)
     for role in task.roles:
-        prompts = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt)
-                   for i in range(max(args.problems, args.greedy_problems))]
+        prompts = [
+            with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt)
+            for i in range(max(args.problems, args.greedy_problems))
+        ]
         encoded = [tuple(engine.encode(p)) for p in prompts[: args.problems]]
-        row: dict = {"prompt_tokens": round(statistics.fmean(map(len, encoded)), 1),
-                     "shared_prefix": decode.shared_prefix(encoded)}
+        row: dict = {
+            "prompt_tokens": round(statistics.fmean(map(len, encoded)), 1),
+            "shared_prefix": prefill.shared_prefix(encoded),
+        }
         row["sample"], outs = side_by_side(
-            lambda: engine.generate(role.name, prompts[: args.problems], k, role.sampling, seed=1), every, args.repeats)
+            lambda: engine.generate(role.name, prompts[: args.problems], k, role.sampling, seed=1), every, args.repeats
+        )
         ours = [g for r in outs["ours"] for g in r]
         row["sample"]["tokens"] = sum(len(g.response_ids) for g in ours)
-        row["identical_candidates"] = {name: f"{sum(a.response_ids == b.response_ids for a, b in zip(ours, theirs))}"
-                                             f"/{len(ours)}"
-                                       for name in every[1:] for theirs in [[g for r in outs[name] for g in r]]}
-        samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, role.sampling.temperature)
-                   for i, g in enumerate(ours)]
-        row["update"], _ = side_by_side(lambda: learner.update({"shared": samples}), ["ours", "no_shared_prefix"],
-                                        args.repeats)
+        row["identical_candidates"] = {
+            name: f"{sum(a.response_ids == b.response_ids for a, b in zip(ours, theirs))}/{len(ours)}"
+            for name in every[1:]
+            for theirs in [[g for r in outs[name] for g in r]]
+        }
+        samples = [
+            Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, role.sampling.temperature)
+            for i, g in enumerate(ours)
+        ]
+        row["update"], _ = side_by_side(
+            lambda: learner.update({"shared": samples}), ["ours", "no_shared_prefix"], args.repeats
+        )
         greedy = Sampling(temperature=0.0, max_new_tokens=role.sampling.max_new_tokens)
         row["greedy"], _ = side_by_side(
-            lambda: engine.generate(role.name, prompts[: args.greedy_problems], 1, greedy, seed=0), every, 1)
+            lambda: engine.generate(role.name, prompts[: args.greedy_problems], 1, greedy, seed=0), every, 1
+        )
         out["roles"][role.name] = row
     print(json.dumps(out))
 

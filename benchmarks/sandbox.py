@@ -8,6 +8,7 @@ side by side in the same run, for the weaker fallback (process group, rlimits, n
 user nobody: the sandbox before bubblewrap). Throughput: runs per second of the empty program and
 of a small BFS program through the shared pool (as many workers as cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def main() -> None:
     args = parser.parse_args()
     isolation = capabilities()
     out = {"isolation": isolation.describe(), "cores": os.cpu_count()}
-    fallback = Isolation("fallback", True, "nobody" if os.geteuid() == 0 else None,
-                         SYSTEM_PYTHON if os.geteuid() == 0 else isolation.interpreter)
+    fallback = Isolation(
+        "fallback",
+        True,
+        "nobody" if os.geteuid() == 0 else None,
+        SYSTEM_PYTHON if os.geteuid() == 0 else isolation.interpreter,
+    )
     for name, option in (("", isolation), ("fallback_", fallback)):
         durations = [_run("pass", Limits(), option).duration for _ in range(30)]
         out[f"{name}overhead_ms_mean"] = round(1000 * statistics.fmean(durations), 1)

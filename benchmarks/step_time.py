@@ -6,6 +6,7 @@ Prints per-step and mean seconds for rollout (generation), reward (env steps, sa
 weight sync and other, plus generated tokens per second. Step 1 is reported but left out of the
 means (it includes one-off warm-up).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,11 +18,11 @@ from pathlib import Path
 
 from mas_lab.backend import Backend
 from mas_lab.config import load_task
-from mas_lab.controller import Controller
+from mas_lab.metric_names import TIME_KEYS
 from mas_lab.store import RunStore
+from mas_lab.trainer import Trainer
 
-KEYS = ("time/rollout", "time/reward", "time/learner", "time/weight_sync", "time/other", "time/step",
-        "tokens_generated", "tokens_per_s")
+KEYS = (*TIME_KEYS, "time/step", "tokens_generated", "tokens_per_s")
 
 
 def main() -> None:
@@ -36,21 +37,26 @@ def main() -> None:
     backend = Backend(task, use_ray=not args.no_ray)
     startup = time.perf_counter() - started
     store = RunStore(Path(tempfile.mkdtemp(prefix="mas-lab-bench-")) / "run.db")
-    controller = Controller(task, backend, store)
+    trainer = Trainer(task, backend, store)
     steps = []
     for step in range(1, args.steps + 1):
-        metrics = controller.train_step(step).metrics
+        metrics = trainer.train_step(step).metrics
         steps.append({k: round(metrics[k], 4) for k in KEYS})
     backend.shutdown()
     measured = steps[1:] or steps
-    print(json.dumps({
-        "task": args.task,
-        "overrides": args.set,
-        "ray": not args.no_ray,
-        "startup_s": round(startup, 2),
-        "steps": steps,
-        "mean_excluding_first": {k: round(statistics.fmean(s[k] for s in measured), 4) for k in KEYS},
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "task": args.task,
+                "overrides": args.set,
+                "ray": not args.no_ray,
+                "startup_s": round(startup, 2),
+                "steps": steps,
+                "mean_excluding_first": {k: round(statistics.fmean(s[k] for s in measured), 4) for k in KEYS},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

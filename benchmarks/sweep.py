@@ -9,6 +9,7 @@ settings, for each setting (temperature, dtype, prompt): where is success small 
 same sampled evaluation of its final checkpoint against the untrained one. One JSON line per
 setting is appended to --out as soon as it is measured, so a sweep cut short keeps its rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,20 +22,37 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 
-# Plan-Path 3x3, goal 1-2 moves away (the learning probe's setting).
+# Plan-Path 3x3, goal 1-4 moves away (the learning probe's setting).
 ENV = ["env.params.size=3", "env.params.min_distance=1", "env.params.wall_prob=0.1"]
-EXAMPLE = ("You are the planner. Solve the task. End with one line 'Moves: R D ...' using U, D, L, R.\n"
-           "Example: S is at row 0, col 0 and G is at row 1, col 1, no walls in the way. Last line:\nMoves: R D")
+EXAMPLE = (
+    "You are the planner. Solve the task. End with one line 'Moves: R D ...' using U, D, L, R.\n"
+    "Example: S is at row 0, col 0 and G is at row 1, col 1, no walls in the way. Last line:\nMoves: R D"
+)
 SETTINGS = {
     "T1.0 bf16": [],
     "T0.7 bf16": ["roles.0.sampling.temperature=0.7", "roles.1.sampling.temperature=0.7"],
     "T0.3 bf16": ["roles.0.sampling.temperature=0.3", "roles.1.sampling.temperature=0.3"],
-    "T0.7 fp32": ["roles.0.sampling.temperature=0.7", "roles.1.sampling.temperature=0.7", "policies.shared.dtype=float32"],
-    "T0.7 bf16 example": ["roles.0.sampling.temperature=0.7", "roles.1.sampling.temperature=0.7",
-                          f"roles.1.system_prompt={json.dumps(EXAMPLE)}"],
+    "T0.7 fp32": [
+        "roles.0.sampling.temperature=0.7",
+        "roles.1.sampling.temperature=0.7",
+        "policies.shared.dtype=float32",
+    ],
+    "T0.7 bf16 example": [
+        "roles.0.sampling.temperature=0.7",
+        "roles.1.sampling.temperature=0.7",
+        f"roles.1.system_prompt={json.dumps(EXAMPLE)}",
+    ],
 }
-TRAIN = ["algorithm.k=4", "train.problems_per_step=6", "train.steps=10", "train.eval_every=5", "train.eval_problems=16",
-         "checkpoint.every=0", "checkpoint.keep_last=1", "algorithm.lr=2e-5"]
+TRAIN = [
+    "algorithm.k=4",
+    "train.problems_per_step=6",
+    "train.steps=10",
+    "train.eval_every=5",
+    "train.eval_problems=16",
+    "checkpoint.every=0",
+    "checkpoint.keep_last=1",
+    "algorithm.lr=2e-5",
+]
 
 
 def mas_lab(*args: str, log: Path) -> dict:
@@ -53,8 +71,17 @@ def sets(items: list[str]) -> list[str]:
 
 def sampled_eval(task: str, overrides: list[str], args, log: Path, checkpoint: Path | None = None) -> dict:
     extra = ["--checkpoint", str(checkpoint)] if checkpoint is not None else []
-    result = mas_lab("eval", task, "--samples", str(args.samples), "--problems", str(args.problems), *extra,
-                     *sets(overrides), log=log)
+    result = mas_lab(
+        "eval",
+        task,
+        "--samples",
+        str(args.samples),
+        "--problems",
+        str(args.problems),
+        *extra,
+        *sets(overrides),
+        log=log,
+    )
     return {k: result[k] for k in ("success_rate", "success_ci_low", "success_ci_high", "team_reward", "time")}
 
 
@@ -88,13 +115,18 @@ def main() -> None:
 
             metrics = RunStore(run_dir / "run.db", create=False).metrics()
             train = [m for m in metrics.values() if "time/step" in m]
-            row.update({
-                "train_overrides": train_overrides, "run_dir": summary["run_dir"],
-                "greedy_eval": {s: round(m["eval/success_rate"], 3) for s, m in metrics.items() if "eval/success_rate" in m},
-                "train_success": [round(m["success_rate"], 3) for m in train],
-                "train_reward": [round(m["reward/mean"], 3) for m in train],
-                "mean_step_s": round(sum(m["time/step"] for m in train) / len(train), 1),
-            })
+            row.update(
+                {
+                    "train_overrides": train_overrides,
+                    "run_dir": summary["run_dir"],
+                    "greedy_eval": {
+                        s: round(m["eval/success_rate"], 3) for s, m in metrics.items() if "eval/success_rate" in m
+                    },
+                    "train_success": [round(m["success_rate"], 3) for m in train],
+                    "train_reward": [round(m["reward/mean"], 3) for m in train],
+                    "mean_step_s": round(sum(m["time/step"] for m in train) / len(train), 1),
+                }
+            )
         row["wall_s"] = round(time.time() - started)
         with open(args.out, "a") as handle:
             handle.write(json.dumps(row) + "\n")

@@ -6,6 +6,7 @@ lines and Parquet) and `plot`.
 Make a 100,000-candidate store first, e.g. `mas-lab run tasks/toy.yaml --no-ray --set
 train.steps=200 --set train.problems_per_step=16` (102,432 candidates). Run on an idle machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,11 @@ def main() -> None:
     run_dir = Path(sys.argv[1])
     store = RunStore(run_dir / "run.db", create=False)
     candidates = store.rows("SELECT COUNT(*) AS n FROM candidates")[0]["n"]
-    out = {"run_dir": str(run_dir), "candidates": candidates, "store_mb": round((run_dir / "run.db").stat().st_size / 2**20, 1)}
+    out = {
+        "run_dir": str(run_dir),
+        "candidates": candidates,
+        "store_mb": round((run_dir / "run.db").stat().st_size / 2**20, 1),
+    }
     rows, out["runs_s"] = timed(lambda: list_runs(run_dir.parent))
     out["runs_listed"] = len(rows)
     folder = Path(tempfile.mkdtemp(prefix="mas-lab-tools-"))

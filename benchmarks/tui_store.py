@@ -6,6 +6,7 @@ Measures, with Textual's headless driver: time until the replay screen shows its
 time to open the groups screen, mean and max time per `]` (next step) over --scroll presses in
 each, and the process's peak resident memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,10 @@ async def press_timed(pilot, key: str, times: int, result: dict, prefix: str) ->
 
 async def measure(run_dir: Path, scroll: int) -> dict:
     store = RunStore(run_dir / "run.db", create=False)
-    counts = store.rows("SELECT (SELECT COUNT(*) FROM candidates) AS candidates, (SELECT COUNT(*) FROM episodes) AS episodes,"
-                        " (SELECT COUNT(*) FROM groups) AS groups, (SELECT COUNT(*) FROM steps) AS steps")[0]
+    counts = store.rows(
+        "SELECT (SELECT COUNT(*) FROM candidates) AS candidates, (SELECT COUNT(*) FROM episodes) AS episodes,"
+        " (SELECT COUNT(*) FROM groups) AS groups, (SELECT COUNT(*) FROM steps) AS steps"
+    )[0]
     started = time.perf_counter()
     app = MasLabApp(run_dir, "replay")
     result = {**counts, "db_mb": round((run_dir / "run.db").stat().st_size / 2**20, 1)}

@@ -12,14 +12,19 @@ and every sample is trained. Each system runs `--steps` + 1 steps; the first is 
 Reported per system: seconds per step and per 1,000 completion tokens (the tokens generated,
 each up to its first stop token), then the ratios against mas-lab. Run on an idle machine.
 
-- mas-lab: `Backend(use_ray=False)`: our engine (shared-prefill sampling loop), our learner
-  (shared prompt forward), weight sync into the engine; the calls the controller makes.
+- mas-lab: the calls the trainer makes (our engine's shared-prefill sampling loop, our learner's
+  shared prompt forward, the weight sync), three ways: `mas_lab_ray`, through Ray actors as
+  `mas-lab run` starts them (one machine: the learner and rollout worker in one actor,
+  `resources.colocate: auto`); `mas_lab_ray_apart`, the two as separate actors, the weights
+  through Ray's object store (`colocate: false`, the cross-node case); `mas_lab`, in one process
+  (`Backend(use_ray=False)`). Each reports its weight sync's share of the step.
 - plain: one `model.generate(num_return_sequences=K)`, one padded forward/backward over the
   whole batch in micro-batches, AdamW; the model generates with the weights it trains.
 - TRL: `GRPOTrainer` (benchmarks/_trl_grpo.py, in .venv-peer) with its CPU settings: no vLLM,
   no gradient checkpointing, `bf16` as asked, beta 0 (no reference model), one iteration per
   generation batch, `steps_per_generation` 1; timed per optimizer step by a callback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,21 +54,35 @@ def prompts_of(task_file: str, problems: int) -> tuple[list[list[dict[str, str]]
     task = load_task(task_file)
     role = task.roles[0]
     pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, eval_size=1)
-    messages = [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt)
-                for i in range(problems)]
+    messages = [
+        with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(problems)
+    ]
     return messages, resolve(task.policies[role.policy].model)
 
 
-def run_mas_lab(task_file: str, messages, args) -> list[dict]:
-    from mas_lab.backend import Backend
+def run_mas_lab(task_file: str, messages, args, ray: bool = False, colocate: str = "auto") -> list[dict]:
+    """mas-lab's step: in one process (`ray` False), or through Ray actors exactly as `mas-lab run`
+    starts them (a local Ray instance; `colocate` auto: one actor per base, false: a rollout
+    worker and a learner apart, the weights through the object store)."""
+    from mas_lab.backend import Backend, start_ray
     from mas_lab.config import Sampling, load_task
     from mas_lab.learner.samples import Sample
 
-    overrides = [f"policies.shared.dtype={args.dtype}", f"algorithm.k={args.k}", f"algorithm.lr={args.lr}",
-                 "algorithm.filter=none", "algorithm.kl_probe=0", f"algorithm.micro_batch={args.micro_batch}"]
+    overrides = [
+        f"policies.shared.dtype={args.dtype}",
+        f"algorithm.k={args.k}",
+        f"algorithm.lr={args.lr}",
+        "algorithm.filter=none",
+        "algorithm.kl_probe=0",
+        f"algorithm.micro_batch={args.micro_batch}",
+        f"resources.colocate={colocate}",
+    ]
     task = load_task(task_file, overrides)
     sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
-    backend = Backend(task, use_ray=False)
+    if ray:
+        res = task.resources
+        start_ray(None, res.rollout_cpus * res.rollout_workers + res.learner_cpus)
+    backend = Backend(task, use_ray=ray)
     steps = []
     for step in range(args.steps + 1):
         started = time.perf_counter()
@@ -73,12 +92,20 @@ def run_mas_lab(task_file: str, messages, args) -> list[dict]:
             rewards = [reward(g.text) for g in row]
             mean = statistics.fmean(rewards)
             std = statistics.pstdev(rewards)
-            samples += [Sample(g.prompt_ids, g.response_ids, (r - mean) / (std + 1e-6), 1.0, tuple(g.logprobs))
-                        for g, r in zip(row, rewards)]
+            samples += [
+                Sample(g.prompt_ids, g.response_ids, (r - mean) / (std + 1e-6), 1.0, tuple(g.logprobs))
+                for g, r in zip(row, rewards)
+            ]
         backend.update({"shared": samples})
-        backend.sync_weights(step + 1)
-        steps.append({"s": time.perf_counter() - started, "tokens": sum(len(s.response_ids) for s in samples)})
+        sync = backend.sync_weights(step + 1)  # its seconds, as the trainer records them
+        steps.append(
+            {"s": time.perf_counter() - started, "sync_s": sync, "tokens": sum(len(s.response_ids) for s in samples)}
+        )
     backend.shutdown()
+    if ray:
+        import ray as ray_module
+
+        ray_module.shutdown()
     return steps
 
 
@@ -86,8 +113,9 @@ def run_plain(model_dir: str, messages, args) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mas_lab.actors import set_threads
     from mas_lab.algo.loss import clipped_policy_loss
-    from mas_lab.rollout.engine import set_threads, stop_ids
+    from mas_lab.rollout.engine import stop_ids
 
     set_threads(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -96,8 +124,10 @@ def run_plain(model_dir: str, messages, args) -> list[dict]:
     stops = stop_ids(tokenizer, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     autocast = args.dtype == "bfloat16"
-    encoded = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-               for m in messages]
+    encoded = [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        for m in messages
+    ]
     steps = []
     for step in range(args.steps + 1):
         started = time.perf_counter()
@@ -107,9 +137,18 @@ def run_plain(model_dir: str, messages, args) -> list[dict]:
         model.eval()
         torch.manual_seed(step)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = model.generate(input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0, top_p=1.0,
-                                 top_k=None, max_new_tokens=args.max_new_tokens, num_return_sequences=args.k,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stops))
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=attention,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=None,
+                max_new_tokens=args.max_new_tokens,
+                num_return_sequences=args.k,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=sorted(stops),
+            )
         rows = []
         for r, seq in enumerate(out[:, width:].tolist()):
             cut = next((i + 1 for i, t in enumerate(seq) if t in stops), len(seq))
@@ -130,15 +169,16 @@ def run_plain(model_dir: str, messages, args) -> list[dict]:
             x = torch.zeros(len(chunk), w, dtype=torch.long)
             att = torch.zeros(len(chunk), w, dtype=torch.long)
             mask = torch.zeros(len(chunk), w - 1)
-            for row, ((p, r), seq) in enumerate(zip(chunk, seqs)):
+            for row, ((p, _response), seq) in enumerate(zip(chunk, seqs)):
                 x[row, : len(seq)] = torch.tensor(seq)
                 att[row, : len(seq)] = 1
                 mask[row, len(p) - 1 : len(seq) - 1] = 1
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 logits = model(input_ids=x, attention_mask=att).logits[:, :-1].float()
             logp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:].unsqueeze(-1)).squeeze(-1)
-            loss, _ = clipped_policy_loss(logp, logp.detach(), torch.tensor(advantages[i : i + len(chunk)]), mask,
-                                          normalizer=float(tokens))
+            loss, _ = clipped_policy_loss(
+                logp, logp.detach(), torch.tensor(advantages[i : i + len(chunk)]), mask, normalizer=float(tokens)
+            )
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -152,11 +192,23 @@ def run_trl(model_dir: str, messages, args) -> list[dict] | str:
         return "TRL not installed: run `make bench-peer`"
     with tempfile.TemporaryDirectory(prefix="mas-lab-trl-") as tmp:
         spec = Path(tmp) / "spec.json"
-        spec.write_text(json.dumps({"model": model_dir, "messages": messages, "k": args.k, "lr": args.lr,
-                                    "max_new_tokens": args.max_new_tokens, "steps": args.steps + 1,
-                                    "dtype": args.dtype, "output": tmp}))
-        proc = subprocess.run([str(python), str(ROOT / "benchmarks" / "_trl_grpo.py"), str(spec)],
-                              capture_output=True, text=True)
+        spec.write_text(
+            json.dumps(
+                {
+                    "model": model_dir,
+                    "messages": messages,
+                    "k": args.k,
+                    "lr": args.lr,
+                    "max_new_tokens": args.max_new_tokens,
+                    "steps": args.steps + 1,
+                    "dtype": args.dtype,
+                    "output": tmp,
+                }
+            )
+        )
+        proc = subprocess.run(
+            [str(python), str(ROOT / "benchmarks" / "_trl_grpo.py"), str(spec)], capture_output=True, text=True
+        )
         if proc.returncode:
             return "TRL failed: " + proc.stderr[-1500:]
         return json.loads(proc.stdout.strip().splitlines()[-1])["steps"]
@@ -167,8 +219,14 @@ def summary(steps) -> dict:
         return {"error": steps}
     measured = steps[1:]
     seconds, tokens = sum(s["s"] for s in measured), sum(s["tokens"] for s in measured)
-    return {"s_per_step": round(seconds / len(measured), 2), "completion_tokens_per_step": round(tokens / len(measured), 1),
-            "s_per_1k_tokens": round(1000 * seconds / tokens, 2), "steps": [round(s["s"], 2) for s in steps]}
+    syncs = [s["sync_s"] for s in measured if "sync_s" in s]
+    return {
+        "s_per_step": round(seconds / len(measured), 2),
+        **({"weight_sync_share": round(sum(syncs) / seconds, 4)} if syncs else {}),
+        "completion_tokens_per_step": round(tokens / len(measured), 1),
+        "s_per_1k_tokens": round(1000 * seconds / tokens, 2),
+        "steps": [round(s["s"], 2) for s in steps],
+    }
 
 
 def main() -> None:
@@ -181,20 +239,36 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--only", nargs="+", default=["mas_lab", "plain", "trl"])
+    parser.add_argument("--only", nargs="+", default=["mas_lab_ray", "mas_lab", "mas_lab_ray_apart", "plain", "trl"])
     args = parser.parse_args()
     messages, model_dir = prompts_of(args.task, args.problems)
-    out = {"task": args.task, "problems": args.problems, "k": args.k, "max_new_tokens": args.max_new_tokens,
-           "dtype": args.dtype, "lr": args.lr, "measured_steps": args.steps}
-    runners = {"mas_lab": lambda: run_mas_lab(args.task, messages, args), "plain": lambda: run_plain(model_dir, messages, args),
-               "trl": lambda: run_trl(model_dir, messages, args)}
+    out = {
+        "task": args.task,
+        "problems": args.problems,
+        "k": args.k,
+        "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype,
+        "lr": args.lr,
+        "measured_steps": args.steps,
+    }
+    runners = {
+        "mas_lab": lambda: run_mas_lab(args.task, messages, args),
+        "mas_lab_ray": lambda: run_mas_lab(args.task, messages, args, ray=True),
+        "mas_lab_ray_apart": lambda: run_mas_lab(args.task, messages, args, ray=True, colocate="false"),
+        "plain": lambda: run_plain(model_dir, messages, args),
+        "trl": lambda: run_trl(model_dir, messages, args),
+    }
     for name in args.only:
         out[name] = summary(runners[name]())
         print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
-    base = out.get("mas_lab", {}).get("s_per_1k_tokens")
-    if base:
-        out["ratio_vs_mas_lab"] = {name: round(out[name]["s_per_1k_tokens"] / base, 2)
-                                   for name in args.only if name != "mas_lab" and "s_per_1k_tokens" in out[name]}
+    for ours in ("mas_lab_ray", "mas_lab"):  # the product's path first, then one process
+        base = out.get(ours, {}).get("s_per_1k_tokens")
+        if base:
+            out[f"ratio_vs_{ours}"] = {
+                name: round(out[name]["s_per_1k_tokens"] / base, 2)
+                for name in args.only
+                if name != ours and "s_per_1k_tokens" in out[name]
+            }
     print(json.dumps(out))
 
 

@@ -1,18 +1,20 @@
 """The actors behind a run: for each base model, one RolloutWorker and one Learner.
 
-A *host* is one base model in memory: a full-model policy has a host of its own; policies with
-LoRA on the same base model and dtype share one host, one adapter each (per-role LoRA). With Ray
+A *base* is one base model in memory: a full-model policy has a base of its own; policies with
+LoRA on the same base model and dtype share one base, one adapter each (per-role LoRA). With Ray
 (the default) workers and learners are Ray actors in a local Ray instance, or in an existing
-cluster when `resources.ray_address` is set; hosts update in parallel. `use_ray=False` builds the
+cluster when `resources.ray_address` is set; bases update in parallel. `use_ray=False` builds the
 same classes in-process (fast unit tests and the learning test); the code above is identical.
 """
+
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from mas_lab.colocated import Colocated
 from mas_lab.config import Sampling, TaskConfig
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
@@ -23,12 +25,13 @@ from mas_lab.rollout.worker import RolloutWorker
 
 @runtime_checkable
 class PolicyBackend(Protocol):
-    """What the controller needs of the actors behind a run: generate with a policy, update the
+    """What the trainer needs of the actors behind a run: generate with a policy, update the
     policies on their samples, push weights to the rollout side, save and load, liveness, shutdown.
     `Backend` implements it with Ray actors (or in-process); tests implement it with fakes."""
 
-    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
-                 seed: int) -> list[list[Generation]]: ...
+    def generate(
+        self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling, seed: int
+    ) -> list[list[Generation]]: ...
 
     def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]: ...
 
@@ -87,37 +90,50 @@ def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
-def hosts_of(task: TaskConfig) -> dict[str, list[str]]:
-    """Group policies into hosts: LoRA policies on the same base share one; full ones stand alone."""
-    hosts: dict[str, list[str]] = {}
+def colocate(task: TaskConfig, engine: str) -> bool:
+    """Whether a base's learner and rollout worker share one process (`resources.colocate`; auto:
+    with one transformers rollout worker on the learner's kind of device)."""
+    res = task.resources
+    if res.colocate == "auto":
+        return engine == "hf" and res.rollout_workers == 1 and (res.rollout_gpus > 0) == (res.learner_gpus > 0)
+    return bool(res.colocate)
+
+
+def bases_of(task: TaskConfig) -> dict[str, list[str]]:
+    """Group policies into bases: LoRA policies on the same base share one; full ones stand alone."""
+    bases: dict[str, list[str]] = {}
     for name, policy in task.policies.items():
         key = f"lora:{policy.model}:{policy.dtype}:{policy.engine}" if policy.lora else f"full:{name}"
-        hosts.setdefault(key, []).append(name)
-    return hosts
+        bases.setdefault(key, []).append(name)
+    return bases
 
 
 class Backend:
     def __init__(self, task: TaskConfig, use_ray: bool = True):
         self.task = task
         self.use_ray = use_ray
-        self.workers: dict[str, list] = {}  # host -> its RolloutWorkers (resources.rollout_workers)
-        self.learners: dict[str, object] = {}  # host -> Learner
-        self.host_of: dict[str, str] = {}
+        self.workers: dict[str, list] = {}  # base -> its RolloutWorkers (resources.rollout_workers)
+        self.learners: dict[str, object] = {}  # base -> Learner
+        self.base_of: dict[str, str] = {}
         self.sleepers: list = []  # rollout workers whose vLLM engine sleeps while the learners update
+        self.colocated: set[str] = set()  # bases whose learner and rollout worker share one process
         threads = task.resources.torch_threads
         if use_ray:
-            per_host = task.resources.rollout_cpus * task.resources.rollout_workers + task.resources.learner_cpus
-            start_ray(task.resources.ray_address, per_host * len(hosts_of(task)))  # imports ray after its auth setting
+            per_base = task.resources.rollout_cpus * task.resources.rollout_workers + task.resources.learner_cpus
+            start_ray(task.resources.ray_address, per_base * len(bases_of(task)))  # imports ray after its auth setting
             import ray
 
             # several rollout workers go to different nodes where the cluster has them
             res = task.resources
-            spread = {"scheduling_strategy": "SPREAD"} if res.rollout_workers > 1 else {}
-            worker_cls = ray.remote(num_cpus=res.rollout_cpus, num_gpus=res.rollout_gpus, **spread)(RolloutWorker)
-            learner_cls = ray.remote(num_cpus=res.learner_cpus, num_gpus=res.learner_gpus)(Learner)
+            spread: dict[str, Any] = {"scheduling_strategy": "SPREAD"} if res.rollout_workers > 1 else {}
+            worker_cls: Any = ray.remote(num_cpus=res.rollout_cpus, num_gpus=res.rollout_gpus, **spread)(RolloutWorker)
+            learner_cls: Any = ray.remote(num_cpus=res.learner_cpus, num_gpus=res.learner_gpus)(Learner)
+            colocated_cls: Any = ray.remote(
+                num_cpus=res.rollout_cpus + res.learner_cpus, num_gpus=max(res.rollout_gpus, res.learner_gpus)
+            )(Colocated)
         else:
-            worker_cls, learner_cls = RolloutWorker, Learner
-        for host, names in hosts_of(task).items():
+            worker_cls, learner_cls, colocated_cls = RolloutWorker, Learner, Colocated
+        for base, names in bases_of(task).items():
             first = task.policies[names[0]]
             folder = resolve(first.model)
             specs = {n: task.policies[n].lora for n in names}
@@ -125,14 +141,39 @@ class Backend:
             init_from = {n: task.policies[n].init_from for n in names if task.policies[n].init_from}
             rollout_device = "cuda" if task.resources.rollout_gpus > 0 else "cpu"
             learner_device = "cuda" if task.resources.learner_gpus > 0 else "cpu"
-            self.workers[host] = [self._new(worker_cls, folder, first.dtype, threads, adapters or None, first.engine,
-                                            first.vllm, task.train.seed, rollout_device)
-                                  for _ in range(task.resources.rollout_workers)]
-            self.learners[host] = self._new(learner_cls, folder, task.algorithm, first.dtype, threads, task.train.seed,
-                                            specs, init_from, learner_device)
-            self.host_of.update({n: host for n in names})
+            worker_args = (
+                folder,
+                first.dtype,
+                threads,
+                adapters or None,
+                first.engine,
+                first.vllm,
+                task.train.seed,
+                rollout_device,
+            )
+            learner_args = (
+                folder,
+                task.algorithm,
+                first.dtype,
+                threads,
+                task.train.seed,
+                specs,
+                init_from,
+                learner_device,
+                {n: task.policies[n].lr for n in names if task.policies[n].lr is not None},
+            )
+            if colocate(task, first.engine):
+                both = self._new(colocated_cls, worker_args, learner_args)
+                self.workers[base], self.learners[base] = [both], both
+                self.colocated.add(base)
+            else:
+                self.workers[base] = [
+                    self._new(worker_cls, *worker_args) for _ in range(task.resources.rollout_workers)
+                ]
+                self.learners[base] = self._new(learner_cls, *learner_args)
+            self.base_of.update({n: base for n in names})
             if first.engine == "vllm" and first.vllm.sleep:
-                self.sleepers += self.workers[host]
+                self.sleepers += self.workers[base]
         self._ready(task)
         self.sync_weights(0)  # adapters start random in each process; init_from weights too
 
@@ -149,12 +190,16 @@ class Backend:
             res = task.resources
             needed = (res.rollout_cpus * res.rollout_workers + res.learner_cpus) * len(self.workers)
             have = ray.cluster_resources().get("CPU", 0)
-            raise RuntimeError(f"{len(pending)} of {len(handles)} actors were not placed within {timeout:.0f} s: "
-                               f"they ask for {needed:g} CPUs, the Ray cluster has {have:g}")
+            raise RuntimeError(
+                f"{len(pending)} of {len(handles)} actors were not placed within {timeout:.0f} s: "
+                f"they ask for {needed:g} CPUs, the Ray cluster has {have:g}"
+            )
         ray.get(ready)
 
     def _actors(self) -> list:
-        return [*(w for workers in self.workers.values() for w in workers), *self.learners.values()]
+        """Every actor once (a colocated base's one actor is its worker and its learner)."""
+        found = [*(w for workers in self.workers.values() for w in workers), *self.learners.values()]
+        return list({id(a): a for a in found}.values())
 
     @staticmethod
     def _new(cls, *args):
@@ -172,25 +217,28 @@ class Backend:
             return ray.get(handles)
         return handles
 
-    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
-                 seed: int) -> list[list[Generation]]:
+    def generate(
+        self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling, seed: int
+    ) -> list[list[Generation]]:
         """The prompts in contiguous slices, one per rollout worker, gathered in order; each slice
         says where it starts, so every candidate is seeded as if one worker had all the prompts."""
-        workers = self.workers[self.host_of[policy]]
+        workers = self.workers[self.base_of[policy]]
         size = -(-len(prompts) // len(workers))  # ceil
         starts = range(0, len(prompts), max(size, 1))
-        handles = [self._call(w, "generate", policy, prompts[s : s + size], n, sampling, seed, s)
-                   for w, s in zip(workers, starts)]
+        handles = [
+            self._call(w, "generate", policy, prompts[s : s + size], n, sampling, seed, s)
+            for w, s in zip(workers, starts)
+        ]
         return [row for part in self._wait(handles) for row in part]
 
     def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:
-        """Update every policy on its own samples; hosts update in parallel under Ray."""
-        by_host: dict[str, dict[str, list[Sample]]] = {}
+        """Update every policy on its own samples; bases update in parallel under Ray."""
+        by_base: dict[str, dict[str, list[Sample]]] = {}
         for policy, batch in samples.items():
-            by_host.setdefault(self.host_of[policy], {})[policy] = batch
-        hosts = list(by_host)
+            by_base.setdefault(self.base_of[policy], {})[policy] = batch
+        bases = list(by_base)
         self._wait([self._call(w, "sleep") for w in self.sleepers])
-        results = self._wait([self._call(self.learners[h], "update", by_host[h]) for h in hosts])
+        results = self._wait([self._call(self.learners[h], "update", by_base[h]) for h in bases])
         return {policy: metrics for result in results for policy, metrics in result.items()}
 
     def sync_weights(self, version: int) -> float:
@@ -198,9 +246,12 @@ class Backend:
         Under Ray the learner's result is one object in the object store that every worker reads."""
         started = time.perf_counter()
         handles = []
-        for policy, host in self.host_of.items():
-            weights = self._call(self.learners[host], "weights", policy)  # an ObjectRef under Ray
-            handles += [self._call(w, "load_weights", policy, weights, version) for w in self.workers[host]]
+        for policy, base in self.base_of.items():
+            if base in self.colocated:  # in the actor's own memory: mas_lab/colocated.py
+                handles.append(self._call(self.learners[base], "sync_local", policy, version))
+                continue
+            weights = self._call(self.learners[base], "weights", policy)  # an ObjectRef under Ray
+            handles += [self._call(w, "load_weights", policy, weights, version) for w in self.workers[base]]
         self._wait(handles)
         return time.perf_counter() - started
 
@@ -208,29 +259,44 @@ class Backend:
         """Every policy written under folder/<policy> (a shared file system in a cluster).
         `background`: each learner snapshots its policies now and writes them while training goes
         on; `wait_saves` returns once they are on disk."""
-        self._wait([self._call(self.learners[h], "save", p, str(folder / p), background)
-                    for p, h in self.host_of.items()])
+        self._wait(
+            [self._call(self.learners[h], "save", p, str(folder / p), background) for p, h in self.base_of.items()]
+        )
 
     def wait_saves(self) -> None:
         self._wait([self._call(learner, "wait_saves") for learner in self.learners.values()])
 
     def load_policies(self, folder: Path, version: int, optimizer: bool = True) -> None:
         """Load every policy from a checkpoint, then push the weights to the rollout workers."""
-        self._wait([self._call(self.learners[h], "load", p, str(folder / p), optimizer) for p, h in self.host_of.items()])
+        self._wait(
+            [self._call(self.learners[h], "load", p, str(folder / p), optimizer) for p, h in self.base_of.items()]
+        )
         self.sync_weights(version)
 
+    def _roles(self) -> list[tuple[str, object, str]]:
+        """(name, actor, precision method) of every rollout worker and learner, the colocated ones
+        by the role they play."""
+        found = [
+            (f"rollout {base}#{i}", w, "precision_report")
+            for base, workers in self.workers.items()
+            for i, w in enumerate(workers)
+        ]
+        for base, learner in self.learners.items():
+            method = "learner_precision" if base in self.colocated else "precision_report"
+            found.append((f"learner {base}", learner, method))
+        return found
+
     def placement(self) -> dict[str, str]:
-        """Actor -> the node it runs on: `rollout <host>#<i>` and `learner <host>`."""
-        names = [f"rollout {host}#{i}" for host, workers in self.workers.items() for i in range(len(workers))]
-        names += [f"learner {host}" for host in self.learners]
-        return dict(zip(names, self._wait([self._call(a, "node") for a in self._actors()])))
+        """Actor -> the node it runs on: `rollout <base>#<i>` and `learner <base>` (one process for
+        a colocated base)."""
+        roles = self._roles()
+        return dict(zip([n for n, _, _ in roles], self._wait([self._call(a, "node") for _, a, _ in roles])))
 
     def precision(self) -> dict[str, dict[str, object]]:
         """Actor -> its requested and resolved dtype and whether bf16 is emulated there
         (`dtype: auto` resolves in each actor, on its own device: mas_lab/precision.py)."""
-        names = [f"rollout {host}#{i}" for host, workers in self.workers.items() for i in range(len(workers))]
-        names += [f"learner {host}" for host in self.learners]
-        return dict(zip(names, self._wait([self._call(a, "precision_report") for a in self._actors()])))
+        roles = self._roles()
+        return dict(zip([n for n, _, _ in roles], self._wait([self._call(a, m) for _, a, m in roles])))
 
     def alive(self) -> bool:
         """Whether every actor answers (checked while a run is paused)."""

@@ -1,4 +1,5 @@
 """Work on a thread whose error is raised where it is collected (background checkpoint writes)."""
+
 from __future__ import annotations
 
 import threading

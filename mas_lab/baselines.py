@@ -1,4 +1,4 @@
-"""The constant-answer baseline: the held-out success of a team that ignores what it sees.
+"""Baselines without a model: the constant answer, and the reading rules of the move games.
 
 A policy under RL can raise its success without reading the problem: it can learn one fixed
 answer that happens to solve some problems (the SmolLM2 teams of docs/results.md collapsed onto the
@@ -8,13 +8,20 @@ fixed replies worth trying (`Env.constant_answers`); the baseline plays each of 
 answering role's reply on every turn of every evaluation problem, without a model, and keeps the
 best. Other roles are left out: in the games a constant tool program only changes what the
 answering role reads, and a constant answer does not read.
+
+A team that reads the observation but does not plan is bounded by the reading rules: a few lines
+of code that read the state and answer (the straight way to the goal rows first, or in the other
+order when that is blocked, or one legal move toward the goal per turn), and the breadth-first
+optimum. The problems the either-order rule does not solve (a detour is needed) form the hard
+split, reported on its own: a team above the rules there has learned to plan, not to read.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from mas_lab.envs import ENVS
+from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.envs.base import Env, EnvParams, Problem
 
 if TYPE_CHECKING:
@@ -44,8 +51,9 @@ def solves(env_cls: type[Env], problem: Problem, params: EnvParams, answer: str,
     return env.success
 
 
-def best_constant(env_cls: type[Env], params: EnvParams, problems: Sequence[Problem],
-                  max_turns: int) -> ConstantBaseline | None:
+def best_constant(
+    env_cls: type[Env], params: EnvParams, problems: Sequence[Problem], max_turns: int
+) -> ConstantBaseline | None:
     """The fixed answer (of `env_cls.constant_answers`) that solves the most of `problems`; the
     first one listed on ties. None when the environment lists none."""
     best: ConstantBaseline | None = None
@@ -60,3 +68,104 @@ def task_baseline(task: "TaskConfig", problems: Sequence[Problem]) -> ConstantBa
     """`best_constant` with a task's environment, parameters and number of turns."""
     env_cls = ENVS[task.env.name]
     return best_constant(env_cls, env_cls.Params.coerce(task.env.params), problems, task.env.max_turns)
+
+
+# --- reading rules: what a few lines of code that read the state (no model) solve ---------------------
+@dataclass(frozen=True)
+class Rule:
+    """A baseline that reads the state and answers without a model: `plan(env)` gives the moves it
+    answers on a turn (None: it has no answer)."""
+
+    name: str
+    label: str  # how the verdict names it
+    plan: Callable[[Any], "list[str] | None"]
+
+
+def _either_order(env: Any) -> list[str]:
+    rows_first = env.straight_plan(True)
+    return rows_first if env.legal(rows_first) else env.straight_plan(False)
+
+
+# In the order of the issue that asked for them: each reads more than the one before, except the
+# optimum, which searches. The hard split is the problems `either_order` leaves unsolved.
+MOVE_RULES = (
+    Rule(
+        "rows_first",
+        "the rows-first reading rule (the straight way in one answer, vertical moves first)",
+        lambda env: env.straight_plan(True),
+    ),
+    Rule(
+        "either_order",
+        "the either-order reading rule (the straight way, columns first when rows first is blocked)",
+        _either_order,
+    ),
+    Rule("one_step", "one legal move toward the goal per turn", lambda env: env.toward_move()),
+    Rule("optimum", "the BFS optimum", lambda env: env.optimal_plan()),
+)
+HARD_RULE = "either_order"
+RULE_LABELS = {rule.name: rule.label.split(" (")[0] for rule in MOVE_RULES}  # short names for verdicts
+
+
+def play_rule(env_cls: type[Env], problem: Problem, params: EnvParams, rule: Rule, max_turns: int) -> tuple[bool, int]:
+    """Play `rule` as the answering role on every turn of `problem`: (solved, moves answered)."""
+    env = env_cls(problem, params)
+    moves = 0
+    for turn in range(max_turns):
+        plan = rule.plan(env)
+        if not plan:
+            break
+        moves += len(plan)
+        env.step(env_cls.answer_role, turn, "Moves: " + " ".join(plan))
+        if env.done:
+            break
+    return env.success, moves
+
+
+@dataclass(frozen=True)
+class RuleResults:
+    """Each rule's outcome on each problem of a set, in the set's order."""
+
+    solved: dict[str, list[bool]]
+    moves: dict[str, list[int]]
+
+    @property
+    def hard(self) -> list[bool]:
+        """Which problems the hard split holds: those the either-order reading rule does not solve."""
+        return [not s for s in self.solved[HARD_RULE]]
+
+
+def rule_results(
+    env_cls: type[Env], params: EnvParams, problems: Sequence[Problem], max_turns: int
+) -> RuleResults | None:
+    """Every reading rule on every problem, or None for an environment without them (not a move game)."""
+    if not hasattr(env_cls, "straight_plan"):
+        return None
+    solved: dict[str, list[bool]] = {}
+    moves: dict[str, list[int]] = {}
+    for rule in MOVE_RULES:
+        outcomes = [play_rule(env_cls, p, params, rule, max_turns) for p in problems]
+        solved[rule.name] = [s for s, _ in outcomes]
+        moves[rule.name] = [m for _, m in outcomes]
+    return RuleResults(solved, moves)
+
+
+def is_hard(env_cls: type[Env], params: EnvParams, problem: Problem, max_turns: int) -> bool:
+    """Whether `problem` belongs to the hard split (the either-order reading rule fails on it)."""
+    rule = next(r for r in MOVE_RULES if r.name == HARD_RULE)
+    return not play_rule(env_cls, problem, params, rule, max_turns)[0]
+
+
+def task_pool(task: "TaskConfig") -> ProblemPool:
+    """A task's problems: training draws, the held-out evaluation set and, with
+    train.hard_eval_problems, the extra hard split (held-out problems the either-order reading rule
+    does not solve). Raises ValueError when the environment's parameters cannot make them."""
+    import functools
+
+    env_cls = ENVS[task.env.name]
+    params = env_cls.Params.coerce(task.env.params)
+    hard = None
+    if task.train.hard_eval_problems:
+        hard = functools.partial(is_hard, env_cls, params, max_turns=task.env.max_turns)
+    return ProblemPool(
+        env_cls, params, task.train.seed, task.train.eval_problems, hard=hard, hard_size=task.train.hard_eval_problems
+    )

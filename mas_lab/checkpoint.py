@@ -7,6 +7,7 @@ hidden temporary folder; manifest.json (every file with its size and SHA-256) is
 the folder is renamed into place, so a folder named step-* is complete by construction and a
 later truncation or corruption is caught by the manifest.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -131,7 +132,9 @@ def verify(path: Path) -> dict:
         if not file.is_file():
             raise CheckpointError(f"{path}: corrupt checkpoint ({name} is missing)")
         if file.stat().st_size != expected["size"]:
-            raise CheckpointError(f"{path}: truncated checkpoint ({name} has {file.stat().st_size} bytes, expected {expected['size']})")
+            raise CheckpointError(
+                f"{path}: truncated checkpoint ({name} has {file.stat().st_size} bytes, expected {expected['size']})"
+            )
         if _sha256(file) != expected["sha256"]:
             raise CheckpointError(f"{path}: corrupt checkpoint ({name} does not match its SHA-256)")
     return json.loads((path / "state.json").read_text())

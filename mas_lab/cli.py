@@ -2,22 +2,27 @@
 
 Printing and argument parsing only: a run's lifecycle lives in mas_lab/runs.py, the dashboard in
 tui/ (imported inside the commands that open it, so the core never loads textual)."""
+
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import sqlite3
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from typer.core import TyperGroup
 
 from mas_lab import runs
 from mas_lab.config import TaskConfig
+from mas_lab.metric_names import TIME_KEYS
 from mas_lab.progress import ProgressEvent
 
 app = typer.Typer(no_args_is_help=True, help="Train teams of LLM agents with AT-GRPO.")
@@ -44,12 +49,14 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_options(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
 ) -> None:
     """Train teams of LLM agents with AT-GRPO."""
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -76,20 +83,36 @@ def run(
             opened = runs.new_run(runs.load(task_file, overrides), task_file, run_dir_option)
     except runs.RunError as exc:
         _fail(str(exc))
-    console.print(f"run [bold]{opened.run_dir.name}[/]  store {opened.run_dir / 'run.db'}  mlflow run "
-                  f"{opened.tracker.run_id}", highlight=False, soft_wrap=True)
+    console.print(
+        f"run [bold]{opened.run_dir.name}[/]  store {opened.run_dir / 'run.db'}  mlflow run {opened.tracker.run_id}",
+        highlight=False,
+        soft_wrap=True,
+    )
     summary = _train_with_progress(opened, use_ray=not no_ray)
     _print_summary(opened, summary)
 
 
 def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
-    columns = (TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    columns = (
+        TextColumn("step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as bar:
         handle = bar.add_task("starting", total=opened.task.train.steps, completed=0)
 
+        held = [False]  # whether the run is paused: the console says when that changes
+
         def progress(event: ProgressEvent) -> None:
             bar.update(handle, description=event.phase)
+            if (event.phase == "paused") != held[0]:
+                held[0] = event.phase == "paused"
+                said = "paused" if held[0] else "stopped while paused" if event.phase == "stopped" else "resumed"
+                bar.console.print(f"{said} after step {event.step}", highlight=False)
             if event.phase.startswith("resumed"):
                 bar.update(handle, completed=event.step)
                 bar.console.print(f"{event.phase} (step {event.step})", highlight=False)
@@ -105,8 +128,10 @@ def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
                 )
 
         def on_signal(name: str) -> None:
-            bar.console.print(f"\n{name}: stopping with a checkpoint at the next step boundary "
-                              "(send it again to abort at once)", highlight=False)
+            bar.console.print(
+                f"\n{name}: stopping with a checkpoint at the next step boundary (send it again to abort at once)",
+                highlight=False,
+            )
 
         try:
             return runs.train(opened, use_ray=use_ray, progress=progress, on_signal=on_signal)
@@ -115,8 +140,11 @@ def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
             _fail(str(exc), code=1)
         except (OSError, sqlite3.Error) as exc:  # a full disk, a lost mount: one line, not a traceback
             bar.stop()
-            _fail(f"the run failed: {type(exc).__name__}: {exc} (is the disk full?); its store and MLflow run are "
-                  f"marked failed; once fixed, continue with: mas-lab run --resume {opened.run_dir}", code=1)
+            _fail(
+                f"the run failed: {type(exc).__name__}: {exc} (is the disk full?); its store and MLflow run are "
+                f"marked failed; once fixed, continue with: mas-lab run --resume {opened.run_dir}",
+                code=1,
+            )
 
 
 def _print_summary(opened: runs.Run, summary: dict) -> None:
@@ -129,6 +157,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         return sum(values) / len(values) if values else math.nan
 
     console.print("\n[bold]summary[/]", highlight=False)
+
     def shown(result: dict | None) -> str:
         if result is None:
             return "not evaluated" + (" (stopped before the last step)" if summary.get("stopped") else "")
@@ -146,11 +175,27 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         ("eval success before", shown(summary.get("before"))),
         ("eval success after", shown(summary.get("after"))),
         ("best constant answer (no model)", shown_constant(summary.get("constant"))),
+        *[
+            (f"{b['label']} (no model)", f"{b['success']:.3f}  95% [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]")
+            for name, b in (summary.get("baselines") or {}).items()
+            if name != "constant"
+        ],
+        *(
+            [
+                (
+                    "hard split after (a detour needed)",
+                    f"{summary['hard_after']['success']:.3f}  95% "
+                    f"[{summary['hard_after']['ci'][0]:.3f}, {summary['hard_after']['ci'][1]:.3f}]  "
+                    f"({summary['hard_after']['problems']} problems)",
+                )
+            ]
+            if summary.get("hard_after")
+            else []
+        ),
         ("so", summary.get("verdict", "")),
         ("steps", str(len(train_steps))),
         ("mean step time (s)", f"{mean('time/step'):.2f}" if train_steps else "-"),
-        ("  rollout / reward / learner / sync / other",
-         " / ".join(f"{mean('time/' + k):.2f}" for k in ("rollout", "reward", "learner", "weight_sync", "other"))),
+        ("  rollout / reward / learner / sync / other", " / ".join(f"{mean(key):.2f}" for key in TIME_KEYS)),
         ("tokens per second (rollout)", f"{mean('tokens_per_s'):.1f}"),
         ("dtype (rollout and learner)", ", ".join(sorted(set(summary.get("precision", {}).values()))) or "-"),
         ("run store", str(run_dir / "run.db")),
@@ -178,6 +223,9 @@ def replay(
     record = store.episode(step, episode, kind.value)
     if record is None:
         _fail(f"{run_dir}: no {kind.value} episode {episode} at step {step}")
+    if not text and not _terminal():
+        print("not a terminal: printing the episode as text (--text)", file=sys.stderr)
+        text = True
     if not text:
         from tui.app import MasLabApp
 
@@ -186,11 +234,21 @@ def replay(
     sys.stdout.write(format_episode(record))
 
 
+def _terminal() -> bool:
+    """Whether the dashboard has a terminal to draw on (it wrote escape codes into pipes and waited
+    for keys that never came)."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
 @app.command("eval")
 def evaluate(
     task_file: Path = typer.Argument(..., help="task file (tasks/*.yaml)"),
-    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/step-N)"),
-    mode: Optional[Mode] = typer.Option(None, "--mode", help="team (mas) or one agent (single_agent); default: the task's own"),
+    checkpoint_dir: Optional[Path] = typer.Option(
+        None, "--checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/step-N)"
+    ),
+    mode: Optional[Mode] = typer.Option(
+        None, "--mode", help="team (mas) or one agent (single_agent); default: the task's own"
+    ),
     swap: bool = typer.Option(False, "--swap-policies", help="rotate the role -> policy map (two roles: swap)"),
     problems: Optional[int] = typer.Option(None, "--problems", help="held-out problems (default: train.eval_problems)"),
     samples: int = typer.Option(1, "--samples", min=1, help="1: greedy; S > 1: S sampled trajectories per problem"),
@@ -202,9 +260,14 @@ def evaluate(
     try:
         task = runs.eval_task(task_file, overrides, mode.value if mode else None, swap)
         with console.status("starting actors and loading models, then evaluating ..."):
-            opened, metrics = runs.evaluate(task, task_file, samples, checkpoint_dir,
-                                            {"mode": mode.value if mode else task.algorithm.mode, "swap_policies": str(swap)},
-                                            use_ray=not no_ray)
+            opened, metrics = runs.evaluate(
+                task,
+                task_file,
+                samples,
+                checkpoint_dir,
+                {"mode": mode.value if mode else task.algorithm.mode, "swap_policies": str(swap)},
+                use_ray=not no_ray,
+            )
     except runs.RunError as exc:
         _fail(str(exc))
     _print_eval(task, opened.run_dir, metrics, samples)
@@ -214,24 +277,49 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int) ->
     from rich.table import Table
 
     n = len(task.roles)
-    table = Table(title=f"{task.name}: {task.train.eval_problems} held-out problems x {samples} "
-                        f"({'greedy' if samples == 1 else 'sampled'}), {n} role{'s' * (n > 1)}")
+    table = Table(
+        title=f"{task.name}: {task.train.eval_problems} held-out problems x {samples} "
+        f"({'greedy' if samples == 1 else 'sampled'}), {n} role{'s' * (n > 1)}"
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("success rate", f"{metrics['eval/success_rate']:.3f}")
     table.add_row("95% interval", f"[{metrics['eval/success_ci_low']:.3f}, {metrics['eval/success_ci_high']:.3f}]")
     if "eval/constant_success" in metrics:
-        table.add_row("best constant answer (no model)", f"{metrics['eval/constant_success']:.3f} "
-                      f"[{metrics['eval/constant_ci_low']:.3f}, {metrics['eval/constant_ci_high']:.3f}]")
+        table.add_row(
+            "best constant answer (no model)",
+            f"{metrics['eval/constant_success']:.3f} "
+            f"[{metrics['eval/constant_ci_low']:.3f}, {metrics['eval/constant_ci_high']:.3f}]",
+        )
+    from mas_lab.baselines import RULE_LABELS
+    from mas_lab.reporting import baselines_from_metrics, hard_split_text, rules_verdict
+
+    baselines = baselines_from_metrics(metrics, RULE_LABELS)
+    for name, b in baselines.items():
+        if name != "constant":
+            table.add_row(f"{b['label']} (no model)", f"{b['success']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]")
+    if "eval/hard/problems" in metrics:
+        table.add_row("hard split (a detour needed)", hard_split_text(metrics))
+    if len(baselines) > 1:
+        result = {
+            "success": metrics["eval/success_rate"],
+            "ci": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
+        }
+        table.add_row("so", rules_verdict(result, baselines))
     table.add_row("distinct first answers", f"{metrics.get('eval/distinct_answers', math.nan):.0f}")
     table.add_row("mean turns", f"{metrics['eval/turns']:.2f}")
     table.add_row("mean final team reward", f"{metrics['eval/team_reward']:.3f}")
     for role in task.roles:
-        table.add_row(f"mean reward: {role.name} ({role.policy})", f"{metrics.get(f'eval/reward/{role.name}', math.nan):.3f}")
+        table.add_row(
+            f"mean reward: {role.name} ({role.policy})", f"{metrics.get(f'eval/reward/{role.name}', math.nan):.3f}"
+        )
     table.add_row("seconds", f"{metrics['eval/time']:.1f}")
     Console(soft_wrap=True).print(table)
-    print(json.dumps({"run_dir": str(run_dir), **{k.removeprefix("eval/"): v for k, v in metrics.items()
-                                                  if k.count("/") == 1}}))
+    print(
+        json.dumps(
+            {"run_dir": str(run_dir), **{k.removeprefix("eval/"): v for k, v in metrics.items() if k.count("/") == 1}}
+        )
+    )
 
 
 @app.command()
@@ -241,12 +329,17 @@ def tui(
 ) -> None:
     """The dashboard. A task file starts `mas-lab run` in the background and shows it live; a run
     folder opens live while its run is running, in replay once it has finished (no Ray needed)."""
-    from tui.app import MasLabApp, mode_for
+    from tui.app import MasLabApp
 
     if target.is_dir():
-        if not (target / "run.db").is_file():
-            _fail(f"{target}: not a run folder (no run.db)")
-        MasLabApp(target, mode_for(target)).run()
+        _open_store(target).close()  # a damaged or foreign store: one line, before anything else
+    if not _terminal():
+        _fail(
+            "the dashboard needs a terminal (stdin and stdout); for text: mas-lab replay RUN_DIR --text, "
+            "mas-lab status RUN_DIR, mas-lab plot RUN_DIR"
+        )
+    if target.is_dir():
+        MasLabApp(target, "live").run()  # a finished run too: its charts, evaluations and events
         return
     try:
         run_dir, process = runs.start_in_background(target, list(set_ or []))
@@ -254,8 +347,11 @@ def tui(
         _fail(str(exc))
     MasLabApp(run_dir, "live").run()
     if process.poll() is None:
-        console.print(f"the run goes on in the background: mas-lab tui {run_dir}  |  mas-lab stop {run_dir}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"the run goes on in the background: mas-lab tui {run_dir}  |  mas-lab stop {run_dir}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _open_store(run_dir: Path):
@@ -265,9 +361,14 @@ def _open_store(run_dir: Path):
     if not (run_dir / "run.db").is_file():
         _fail(f"{run_dir}: not a run folder (no run.db)")
     try:
-        return RunStore(run_dir / "run.db", create=False)
+        store = RunStore(run_dir / "run.db", create=False)
     except StoreError as exc:
         _fail(str(exc))
+    problem = store.integrity_problem()
+    if problem:
+        store.close()
+        _fail(f"{run_dir / 'run.db'}: damaged ({problem}); nothing was read or changed")
+    return store
 
 
 def _control(run_dir: Path):
@@ -283,11 +384,24 @@ def _request(run_dir: Path, command: str, wait: bool) -> None:
     state = control.status()
     if not state["running"]:
         _fail(f"{run_dir}: the run is not running (status: {state['status']}); nothing to {command}")
+    if (command == "pause" and state.get("paused")) or (command == "resume" and not state.get("paused")):
+        console.print(
+            f"the run is already {'paused' if state.get('paused') else 'running'} (step {state.get('step')})",
+            highlight=False,
+        )
+        return
     control.request(command)
-    console.print(f"{command} requested; it takes effect at the next step boundary (now in step "
-                  f"{state.get('step')}, phase {state.get('phase')})", highlight=False, soft_wrap=True)
-    target = {"pause": lambda s: s.get("paused"), "resume": lambda s: not s.get("paused"),
-              "stop": lambda s: not s["running"]}[command]
+    console.print(
+        f"{command} requested; it takes effect at the next step boundary (now in step "
+        f"{state.get('step')}, phase {state.get('phase')})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    target = {
+        "pause": lambda s: s.get("paused"),
+        "resume": lambda s: not s.get("paused"),
+        "stop": lambda s: not s["running"],
+    }[command]
     while wait and not target(control.status()):
         if not control.status()["running"] and command != "stop":
             _fail(f"{run_dir}: the run ended before the {command} took effect")
@@ -295,19 +409,28 @@ def _request(run_dir: Path, command: str, wait: bool) -> None:
 
 
 @app.command()
-def pause(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"), wait: bool = typer.Option(False, "--wait", help="return once the run is paused")) -> None:
+def pause(
+    run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"),
+    wait: bool = typer.Option(False, "--wait", help="return once the run is paused"),
+) -> None:
     """Pause a running run at its next step boundary (checkpointed; the actors stay alive)."""
     _request(run_dir, "pause", wait)
 
 
 @app.command()
-def resume(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"), wait: bool = typer.Option(False, "--wait", help="return once the run is running")) -> None:
+def resume(
+    run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"),
+    wait: bool = typer.Option(False, "--wait", help="return once the run is running"),
+) -> None:
     """Resume a paused run. (To continue a run that ended or crashed: mas-lab run --resume RUN_DIR.)"""
     _request(run_dir, "resume", wait)
 
 
 @app.command()
-def stop(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"), wait: bool = typer.Option(False, "--wait", help="return once the run has stopped")) -> None:
+def stop(
+    run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"),
+    wait: bool = typer.Option(False, "--wait", help="return once the run has stopped"),
+) -> None:
     """Stop a run gracefully at its next step boundary, with a final checkpoint."""
     _request(run_dir, "stop", wait)
 
@@ -316,8 +439,25 @@ def stop(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"
 def status(run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)")) -> None:
     """Step, phase, paused or not, last checkpoint, and whether the run's process is alive."""
     state = _control(run_dir).status()
-    print(json.dumps({k: state.get(k) for k in ("status", "running", "step", "phase", "paused", "last_checkpoint",
-                                                 "actors_alive", "pid", "pending", "error")}))
+    print(
+        json.dumps(
+            {
+                k: state.get(k)
+                for k in (
+                    "status",
+                    "running",
+                    "step",
+                    "phase",
+                    "paused",
+                    "last_checkpoint",
+                    "actors_alive",
+                    "pid",
+                    "pending",
+                    "error",
+                )
+            }
+        )
+    )
 
 
 @app.command("runs")
@@ -347,32 +487,96 @@ def list_runs(
 
     for r in rows:
         started = datetime.datetime.fromtimestamp(r["started"]).strftime("%Y-%m-%d %H:%M") if r.get("started") else "-"
-        table.add_row(r["run"], r.get("task") or "-", r.get("kind") or "-", r["status"],
-                      f"{r.get('step') or 0}/{r.get('steps') or '?'}", rate(r.get("eval_first")), rate(r.get("eval_last")),
-                      started, (r.get("mlflow_run_id") or "-")[:12])
+        table.add_row(
+            r["run"],
+            r.get("task") or "-",
+            r.get("kind") or "-",
+            r["status"],
+            f"{r.get('step') or 0}/{r.get('steps') or '?'}",
+            rate(r.get("eval_first")),
+            rate(r.get("eval_last")),
+            started,
+            (r.get("mlflow_run_id") or "-")[:12],
+        )
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 @app.command()
 def ui(
-    target: Path = typer.Argument(Path("runs"), help="a run folder (its tracking store) or any folder (the default store)"),
-    port: int = typer.Option(5000, "--port", help="port on 127.0.0.1"),
+    target: Path = typer.Argument(
+        Path("runs"), help="a run folder (its tracking store) or any folder (the default store)"
+    ),
+    port: int = typer.Option(5000, "--port", min=1, max=65535, help="port on 127.0.0.1"),
 ) -> None:
-    """Start the MLflow UI on a run's tracking store and print its address (Ctrl+C stops it)."""
+    """Start the MLflow UI on a run's tracking store and print its address (Ctrl+C stops it, with
+    every process it started). A run whose tracking store is not here (copied from another machine
+    or folder, a sample run) gets one rebuilt from its run store: params, metrics, the completions
+    tables and the charts. Exits 2 without starting anything when the port is taken."""
+    import signal
+    import socket
     import subprocess
 
     from mas_lab.config import Tracking
     from mas_lab.tracking import resolve_uri
 
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            _fail(f"--port {port}: cannot listen there ({exc.strerror or exc}); choose another port")
     uri = resolve_uri(Tracking().mlflow_uri)
     if (target / "run.db").is_file():
         uri = _open_store(target).meta().get("mlflow_uri") or uri
+        if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+            # a copied, shipped or downloaded run: its tracking store stayed where it was made
+            from mas_lab.models import cache_dir
+            from mas_lab.tracking import rebuild
+
+            key = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:12]
+            console.print(
+                f"{target}: its tracking store {uri.removeprefix('sqlite:///')} is not here; rebuilding "
+                "one from the run store",
+                highlight=False,
+                soft_wrap=True,
+            )
+            uri = rebuild(target, cache_dir() / "tracking" / f"{target.name}-{key}")
     console.print(f"MLflow UI on {uri}: http://127.0.0.1:{port}  (Ctrl+C stops it)", highlight=False, soft_wrap=True)
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    from mas_lab.children import die_with_parent
+
+    # its workers share its process group; it gets SIGTERM if this process is killed
+    server = subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent)
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl+C does
+
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                        "--port", str(port)], check=False)
+        code = server.wait()
     except KeyboardInterrupt:
-        pass
+        code = 0
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGTERM)  # the server and the workers it forked
+            server.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(server.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if code:
+        _fail(f"the MLflow UI ended with exit code {code}", code=1)
 
 
 class Format(str, Enum):
@@ -383,14 +587,15 @@ class Format(str, Enum):
 @app.command()
 def export(
     run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"),
-    output: Path = typer.Option(..., "--output", "-o", help="the file to write"),
-    fmt: Format = typer.Option(Format.jsonl, "--format", help="JSON lines or Parquet"),
+    output: Path = typer.Option(..., "--output", "-o", help="the file to write (.jsonl or .parquet)"),
+    fmt: Optional[Format] = typer.Option(None, "--format", help="JSON lines or Parquet (default: from the suffix)"),
     kind: Kind = typer.Option(Kind.train, "--kind", help="training or evaluation episodes"),
     steps: Optional[str] = typer.Option(None, "--steps", help="A:B, the steps from A to B (either may be left out)"),
     chosen_only: bool = typer.Option(False, "--chosen-only", help="only the chosen candidate of each (turn, agent)"),
+    force: bool = typer.Option(False, "--force", help="replace the output file if it exists"),
 ) -> None:
     """One record per candidate: problem, role, turn, messages (system, user, assistant), response,
-    reward and components, advantage, chosen, sampler log-probs, step, policy."""
+    reward and components, advantage, chosen, group kept, sampler log-probs, step, policy."""
     from mas_lab.export import export_records
 
     _open_store(run_dir).close()
@@ -401,8 +606,33 @@ def export(
             first, last = (int(a) if a else None), (int(b) if b else None)
         except ValueError:
             _fail(f"--steps '{steps}': expected A:B, e.g. 1:10, 5: or :3")
-    count = export_records(run_dir, output, fmt.value, kind.value, (first, last), chosen_only)
+    suffixes = {".jsonl": Format.jsonl, ".ndjson": Format.jsonl, ".json": Format.jsonl, ".parquet": Format.parquet}
+    chosen = fmt or suffixes.get(output.suffix.lower())
+    if chosen is None:
+        _fail(f"{output}: cannot tell the format from the suffix '{output.suffix}'; give --format jsonl|parquet")
+    if fmt is not None and output.suffix.lower() in suffixes and suffixes[output.suffix.lower()] != fmt:
+        _fail(f"{output}: the suffix says {suffixes[output.suffix.lower()].value}, --format says {fmt.value}")
+    _check_output_file(output, force)
+    try:
+        count = export_records(run_dir, output, chosen.value, kind.value, (first, last), chosen_only)
+    except OSError as exc:
+        _fail(f"{output}: cannot write it ({exc.strerror or exc})")
+    if count == 0:
+        _fail(f"no {kind.value} records in {run_dir}" + (f" for steps {steps}" if steps else "") + "; nothing written")
     console.print(f"{count} records written to {output}", highlight=False)
+
+
+def _check_output_file(output: Path, force: bool) -> None:
+    """An output file may be replaced only with --force, and its folder must be one we can write."""
+    if output.is_dir():
+        _fail(f"{output}: is a folder; give a file name")
+    if output.exists() and not force:
+        _fail(f"{output}: exists; add --force to replace it")
+    folder = output.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        _fail(f"{output}: cannot write there ({folder} is not a writable folder)")
 
 
 @app.command("export-policy")
@@ -427,16 +657,170 @@ def export_policy(
 @app.command()
 def plot(
     run_dir: Path = typer.Argument(..., help="a run folder (runs/<run-id>)"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for the PNG files (default: RUN_DIR/plots)"),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="folder for the PNG files (default: RUN_DIR/plots)"
+    ),
 ) -> None:
     """Write the run's charts as PNG files: held-out success with intervals, reward per role and
     per (agent, turn), team reward, zero-std share, learner and sampling diagnostics, time split."""
     from mas_lab.plots import plot_run
 
     _open_store(run_dir).close()
-    written = plot_run(run_dir, output or run_dir / "plots")
+    try:
+        written = plot_run(run_dir, output or run_dir / "plots")
+    except OSError as exc:
+        _fail(f"{output or run_dir / 'plots'}: cannot write the charts there ({exc.strerror or exc})")
     for path in written:
         print(path)
+
+
+@app.command()
+def compare(
+    targets: List[Path] = typer.Argument(..., help="run folders, or folders of runs (a study, results/reproduce/X)"),
+    output: Path = typer.Option(Path("compare"), "--output", "-o", help="folder for compare.md and the PNG files"),
+) -> None:
+    """Runs side by side: curves overlaid (each run faint, each setting's mean bold), the settings
+    that differ, and the final held-out success pooled per setting with its 95% interval."""
+    from mas_lab.compare import compare as write
+
+    for target in targets:
+        if not target.is_dir():
+            _fail(f"{target}: not a folder")
+    try:
+        path = write(targets, output)
+    except (FileNotFoundError, OSError) as exc:
+        _fail(str(exc))
+    print(path)
+
+
+class _StudyGroup(TyperGroup):
+    """`mas-lab study FILE ...` is `mas-lab study run FILE ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+study_app = typer.Typer(
+    cls=_StudyGroup,
+    no_args_is_help=True,
+    help="Studies: tasks x regimes x seeds from a study file (studies/*.yaml), run resumably, reported.",
+)
+app.add_typer(study_app, name="study")
+
+
+def _load_study(study_file: Path, tasks: Optional[List[str]]) -> list:
+    from mas_lab.study.spec import StudyFileError, load_study
+
+    try:
+        families = load_study(study_file)
+    except StudyFileError as exc:
+        _fail(str(exc))
+    keys = [f.key for f in families]
+    chosen = [k for item in tasks or [] for k in item.split(",") if k]
+    unknown = [k for k in chosen if k not in keys]
+    if unknown:
+        _fail(f"--task {unknown[0]}: not a task of {study_file}; allowed: {keys}")
+    return [f for f in families if not chosen or f.key in chosen]
+
+
+def _seed_list(seeds: Optional[List[str]]) -> Optional[List[int]]:
+    if not seeds:
+        return None
+    try:
+        return [int(s) for item in seeds for s in item.split(",") if s]
+    except ValueError:
+        _fail(f"--seeds {' '.join(seeds)}: expected integers (--seeds 0,1,2 or --seeds 0 --seeds 1)")
+
+
+@study_app.command("run")
+def study_run(
+    study_file: Path = typer.Argument(..., help="a study file (studies/paper.yaml)"),
+    task: Optional[List[str]] = typer.Option(None, "--task", help="only these tasks of the study (repeatable, or a,b)"),
+    seeds: Optional[List[str]] = typer.Option(None, "--seeds", help="only these seeds (0,1,2 or repeated)"),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="only this regime (repeatable)"),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="runs at once on this machine (each cores/jobs torch threads)"),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="a Ray cluster (host:port): each run a Ray task on a node with free CPUs"
+    ),
+    cpus_per_run: float = typer.Option(1.0, "--cpus-per-run", min=0.1, help="CPUs a run asks of the cluster"),
+    report_only: bool = typer.Option(False, "--report-only", help="run nothing: rewrite the report from kept runs"),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="an override of every run: key.path=value"),
+) -> None:
+    """Run a study: every task x regime x seed not kept yet (an interrupted run continues from its
+    checkpoint), then its report; prints one JSON line per complete run."""
+    from mas_lab.study.driver import run_study, summary_rows
+
+    families = _load_study(study_file, task)
+    names = {n for f in families for n in f.names}
+    for name in only or []:
+        if name not in names:
+            _fail(f"--only '{name}': not a regime of {study_file}; allowed: {sorted(names)}")
+    if address:
+        from mas_lab.backend import check_cluster
+
+        problem = check_cluster(address, 10.0)
+        if problem:
+            _fail(f"--address: {problem}")
+    results = run_study(
+        families,
+        seeds=_seed_list(seeds),
+        only=list(only) if only else None,
+        jobs=jobs,
+        address=address,
+        cpus_per_run=cpus_per_run,
+        extra=list(set_ or []),
+        report_only=report_only,
+    )
+    print(json.dumps(summary_rows(results)))
+
+
+@study_app.command("status")
+def study_status(
+    study_file: Path = typer.Argument(..., help="a study file"),
+    task: Optional[List[str]] = typer.Option(None, "--task", help="only these tasks"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per cell"),
+) -> None:
+    """Every cell of a study: status (kept, finished, running, interrupted, started, pending), step,
+    last held-out success, the node of its last attempt."""
+    from rich.table import Table
+
+    from mas_lab.study.driver import study_status as read
+
+    rows = read(_load_study(study_file, task))
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    table = Table("task", "regime", "seed", "status", "step", "held-out", "node")
+    for row in rows:
+        success = "" if row["success"] is None else f"{row['success']:.3f}"
+        step = "" if row["step"] is None else str(row["step"])
+        table.add_row(row["task"], row["regime"], str(row["seed"]), row["status"], step, success, row["node"] or "")
+    Console().print(table)
+    counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
+    print(", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+@study_app.command("tui")
+def study_tui(
+    study_file: Path = typer.Argument(..., help="a study file"),
+    task: Optional[List[str]] = typer.Option(None, "--task", help="only these tasks"),
+) -> None:
+    """The study screen: every cell with its status, refreshed live; enter opens a cell's run in
+    the dashboard (q there comes back), c compares the selected task's runs."""
+    families = _load_study(study_file, task)
+    if not _terminal():
+        _fail("the study screen needs a terminal; for text: mas-lab study status STUDY.yaml")
+    from tui.app import MasLabApp
+    from tui.study import StudyApp
+
+    while True:
+        folder = StudyApp(families).run()
+        if folder is None:
+            return
+        MasLabApp(Path(folder), "live").run()
 
 
 @app.command()
@@ -454,9 +838,49 @@ def config(
     if task_file is None:
         _fail("give a task file, or --schema")
     try:
-        sys.stdout.write(task_to_yaml(runs.load(task_file, list(set_ or []))))
+        task = runs.load(task_file, list(set_ or []))
+        runs.check_runs_dir(task)  # what `run` would refuse, `config` refuses too
+        runs.check_problems(task)
     except runs.RunError as exc:
         _fail(str(exc))
+    sys.stdout.write(task_to_yaml(task))
+
+
+@app.command()
+def envs(as_json: bool = typer.Option(False, "--json", help="one JSON object per environment")) -> None:
+    """The environments a task file may name: built-in and installed plugins (entry-point group
+    mas_lab.envs), each with its roles and parameters; plugins that did not load, with why."""
+    from mas_lab.envs import ENVS
+
+    for name in sorted(ENVS):
+        env = ENVS[name]
+        params = {key: (field.description or "") for key, field in env.Params.model_fields.items()}
+        origin = ENVS.plugins.get(name, "built-in")
+        if as_json:
+            print(
+                json.dumps(
+                    {
+                        "name": name,
+                        "roles": list(env.roles),
+                        "single_role": env.single_role,
+                        "parallel": env.parallel,
+                        "params": params,
+                        "from": origin,
+                    }
+                )
+            )
+            continue
+        workflow = "parallel" if env.parallel else "sequential"
+        console.print(
+            f"[bold]{name}[/]  roles {', '.join(env.roles)} ({workflow}); one agent: {env.single_role}  "
+            f"[dim]{origin}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+        for key, description in params.items():
+            console.print(f"    {key}: {description}", highlight=False, soft_wrap=True)
+    for name, why in sorted(ENVS.failed.items()):
+        console.print(f"[red]{name}[/]: did not load: {why}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,17 +1,18 @@
-"""The control API of a running controller: pause, resume, stop, status.
+"""The control API of a running trainer: pause, resume, stop, status.
 
 Requests are rows in the run store's `control` table, so the same call works in-process (the
 dashboard) and from another process (`mas-lab pause RUN_DIR`), and a pause outlives the client
-that asked for it. The controller reads requests at its safe points: step boundaries, after a
+that asked for it. The trainer reads requests at its safe points: step boundaries, after a
 step's rows are committed and before the next step samples. There, every actor is idle, the store
 holds whole steps only, and a checkpoint captures the run exactly; mid-step, half-sampled trees
 and unsent updates would exist only in memory.
 
-The controller publishes its state (pid, step, phase, paused, last checkpoint, heartbeat) in the
+The trainer publishes its state (pid, step, phase, paused, last checkpoint, heartbeat) in the
 store's meta table under `state`. Whether a run is alive is not read from a pid (a reused pid made
 a crashed run look alive): the process that runs it holds an exclusive lock on RUN_DIR/run.lock
 for its whole life, and the kernel drops the lock when the process dies, however it dies.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -65,10 +66,12 @@ class RunControl:
         state["running"] = alive and state["status"] == "running"
         if state["status"] in ("running", "starting") and not alive:
             state["status"] = "crashed"  # its process died without recording how it ended
+        elif state["running"] and state.get("paused"):
+            state["status"] = "paused"  # alive, held at a step boundary (`running` stays true: it can resume)
         state["pending"] = self.store.pending_controls()
         return state
 
-    # --- the controller ------------------------------------------------------------------------
+    # --- the trainer ------------------------------------------------------------------------
     def take(self) -> list[str]:
         """Pending requests in order, marked as served."""
         return self.store.take_controls()

@@ -7,6 +7,7 @@ candidate failed, every one succeeded (its branch solved the task), or the resul
 the all-fail and all-success groups are the ones with no learning signal. (Loss, clip fraction,
 grad norm and the rollout/training mismatch come from the learner.)
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -32,15 +33,27 @@ def diagnostics(groups: list[Group], kept: list[Group]) -> dict[str, float]:
     for group in kept:
         for candidate in group.members:
             trained[candidate.policy].append(candidate.advantage)
+    by_role = defaultdict(list)
+    for group in kept:
+        for candidate in group.members:
+            by_role[candidate.role].append(candidate.advantage)
+    for role, advantages in by_role.items():  # per agent: how widely its credit spreads (a spike shows here)
+        mean = sum(advantages) / len(advantages)
+        out[f"adv_std/{role}"] = (sum((a - mean) ** 2 for a in advantages) / len(advantages)) ** 0.5
+        out[f"adv_abs_max/{role}"] = max(abs(a) for a in advantages)
     for policy, advantages in trained.items():
         n = len(advantages)
         out[f"adv_abs_mean/{policy}"] = sum(abs(a) for a in advantages) / n
         out[f"adv_pos_frac/{policy}"] = sum(a > 0 for a in advantages) / n
         out[f"adv_neg_frac/{policy}"] = sum(a < 0 for a in advantages) / n
         out[f"adv_zero_frac/{policy}"] = sum(a == 0 for a in advantages) / n
-    outcome = defaultdict(lambda: [0, 0, 0])  # (agent, turn) -> all fail, all success, mixed
+    outcome: defaultdict[str, list[int]] = defaultdict(
+        lambda: [0, 0, 0]
+    )  # (agent, turn) -> all fail, all success, mixed
     for group in groups:
-        solved = [c.team >= 1.0 for c in group.members]
+        # a candidate of a (problem, agent, turn) group solved the problem, or a trajectory of a
+        # trajectory group reached a solved state at some action (its early actions never do)
+        solved = [max(c.team for c in unit) >= 1.0 for unit in group.units]
         counts = outcome[group.key.role if group.key.is_trajectory else f"{group.key.role}/t{group.key.turn}"]
         counts[0 if not any(solved) else 1 if all(solved) else 2] += 1
     for where, (fail, success, mixed) in outcome.items():

@@ -1,15 +1,30 @@
 """Text of a stored episode, turn by turn and candidate by candidate (`mas-lab replay --text`),
 and the one line that heads a candidate everywhere (the dashboard's replay screen uses it too)."""
+
 from __future__ import annotations
 
 import json
+import re
+
+# ANSI/VT escape sequences (CSI, OSC, single-character) and the other control characters but tab
+# and newline: model-written programs' output reached `replay --text` raw and could rewrite the
+# terminal (clear it, move the cursor, set its title).
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])|[\x00-\x08\x0b-\x1f\x7f\x9b]")
+
+
+def visible(text: str) -> str:
+    """`text` with terminal escape sequences and control characters shown as escapes (\\x1b...),
+    so a stored program's output is read, never run by the terminal."""
+    return _ESCAPES.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 def candidate_headline(c: dict) -> str:
     """Reward (team, local and its components), advantage and tokens of a stored candidate."""
     parts = ", ".join(f"{k} {v:.2f}" for k, v in c["components"].items())
-    return (f"reward {c['reward']:.3f} (team {c['team']:.3f}, local {c['local']:.3f}; {parts})"
-            f"  advantage {c['advantage']:+.3f}  tokens {c['response_tokens']}")
+    return (
+        f"reward {c['reward']:.3f} (team {c['team']:.3f}, local {c['local']:.3f}; {parts})"
+        f"  advantage {c['advantage']:+.3f}  tokens {c['response_tokens']}"
+    )
 
 
 def format_episode(episode: dict) -> str:
@@ -33,4 +48,4 @@ def format_episode(episode: dict) -> str:
         lines += ["  " + line for line in (turn["state_after"] or "").splitlines()]
         lines.append("")
     lines.append(f"final state:\n{episode['final_state']}\n")
-    return "\n".join(lines)
+    return visible("\n".join(lines))

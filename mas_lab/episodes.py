@@ -5,8 +5,9 @@ policy sigma(i) in one batched call that returns K candidates per observation. E
 applied to its own clone of the state and scored there (r = alpha_i * team + local_i, Eq. 4); the
 best candidate (ties: lowest index) is chosen and its branch becomes the live state, so the next
 agent observes the chosen actions of everyone before it. Advantages are not computed here: the
-controller does it per group (algo/).
+trainer does it per group (algo/).
 """
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,9 @@ from mas_lab.rollout.engine import Generation
 
 
 class Generate(Protocol):
-    def __call__(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
-                 seed: int) -> list[list[Generation]]: ...
+    def __call__(
+        self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling, seed: int
+    ) -> list[list[Generation]]: ...
 
 
 @dataclass
@@ -43,8 +45,8 @@ class AgentTurn:
 
 @dataclass
 class Episode:
-    """One problem's trajectory: its live state while it runs, then a plain record. `success`
-    and `final_state` are recorded once when the rollout ends (the store writes records, and
+    """One problem's trajectory: its live state while it runs, then a plain record. `success`,
+    `final_team` and `final_state` are recorded once when the rollout ends (the store writes records, and
     never calls into an environment, e.g. math grading, inside its transaction)."""
 
     index: int
@@ -53,9 +55,11 @@ class Episode:
     turns: list[AgentTurn] = field(default_factory=list)
     success: bool = False
     final_state: str = ""
+    final_team: float = 0.0  # the team reward of the live state at the end
 
     def finish(self) -> None:
         self.success = self.env.success
+        self.final_team = float(self.env.team_value())
         self.final_state = self.env.render()
 
 
@@ -121,7 +125,7 @@ def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) ->
                     return
             if on_turn:
                 on_turn(turn, role)
-            for position, (episode, branch, action) in enumerate(
+            for position, (episode, branch, _action) in enumerate(
                 _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing)
             ):
                 if parallel:
@@ -131,7 +135,7 @@ def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) ->
         if parallel:  # the live state takes over each chosen branch, in turn order; nothing is re-run
             started = time.perf_counter()
             for episode, branches in zip(live, chosen):
-                for (role, branch), record in zip(branches, episode.turns[-len(branches):]):
+                for (role, branch), record in zip(branches, episode.turns[-len(branches) :]):
                     episode.env.adopt(role, branch)
                     episode.env.history.append(branch.history[-1])
                     record.state_after = episode.env.render()
@@ -140,8 +144,11 @@ def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) ->
 
 def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing):
     """One (turn, agent): K candidates per live env in one batched call, each scored on its own
-    clone of the state. Records the AgentTurn; yields (episode, chosen branch, chosen action)."""
+    clone of the state (a role's own K, roles[].k, when the tree samples more than one).
+    Records the AgentTurn; yields (episode, chosen branch, chosen action)."""
     spec = task.role(role)
+    if spec.k is not None and k > 1:
+        k = spec.k
     sampling = spec.sampling.model_copy(update={"temperature": 0.0}) if greedy else spec.sampling
     prompts = [with_system(e.env.messages(role, turn), spec.system_prompt) for e in live]
     started = time.perf_counter()
@@ -164,19 +171,35 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
         for c in range(k):
             j = position * k + c
             gen, result = flat[j], results[j]
-            candidates.append(Candidate(
-                problem_id=episode.problem.id, role=role, turn=turn, index=c, policy=spec.policy,
-                prompt_ids=gen.prompt_ids, response_ids=gen.response_ids, response=gen.text,
-                reward=spec.alpha * result.team + result.local, team=result.team, local=result.local,
-                components=dict(result.components), info=result.info, state_after=branches[j].render(),
-                logprobs=gen.logprobs, temperature=sampling.temperature, entropy=gen.entropy, truncated=gen.truncated,
-                version=gen.version,
-            ))
+            candidates.append(
+                Candidate(
+                    problem_id=episode.problem.id,
+                    role=role,
+                    turn=turn,
+                    index=c,
+                    policy=spec.policy,
+                    prompt_ids=gen.prompt_ids,
+                    response_ids=gen.response_ids,
+                    response=gen.text,
+                    reward=spec.alpha * result.team + result.local,
+                    team=result.team,
+                    local=result.local,
+                    components=dict(result.components),
+                    info=result.info,
+                    state_after=branches[j].render(),
+                    logprobs=gen.logprobs,
+                    temperature=sampling.temperature,
+                    entropy=gen.entropy,
+                    truncated=gen.truncated,
+                    version=gen.version,
+                )
+            )
         chosen = max(range(k), key=lambda c: (candidates[c].reward, -c))
         candidates[chosen].chosen = True
         branch = branches[position * k + chosen]
         messages = prompts[position]
         system = messages[0]["content"] if messages[0]["role"] == "system" else ""
-        episode.turns.append(AgentTurn(turn, role, spec.policy, messages[-1]["content"], candidates, chosen,
-                                       branch.render(), system))
+        episode.turns.append(
+            AgentTurn(turn, role, spec.policy, messages[-1]["content"], candidates, chosen, branch.render(), system)
+        )
         yield episode, branch, candidates[chosen].response

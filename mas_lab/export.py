@@ -3,13 +3,16 @@
 - `export_records`: one record per candidate (or per chosen action) with problem, role, turn, the
   chat messages the policy saw and its response, reward and components, advantage, the chosen
   flag, the sampler's log-probs, step and policy: ready for SFT (`messages`), rejection sampling
-  (`reward`, `chosen`) or analysis. JSON lines or Parquet; `datasets.load_dataset("json" or
-  "parquet", data_files=PATH)` loads either.
+  (`reward`, `chosen`) or analysis. JSON lines or Parquet, the same fields in both:
+  `pandas.read_json(PATH, lines=True)` or `pandas.read_parquet(PATH)` (or Hugging Face's
+  `datasets.load_dataset("json" | "parquet", data_files=PATH)` where it is installed).
 - `export_policy`: a Hugging Face model folder (config, tokenizer, safetensors) from a checkpoint:
   a full policy as it is; a LoRA policy merged into its base, or kept as a peft adapter folder.
 """
+
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -24,29 +27,54 @@ class ExportError(Exception):
     """An export that cannot be made; the message says why."""
 
 
-def records(store: RunStore, kind: str = "train", steps: tuple[int | None, int | None] = (None, None),
-            chosen_only: bool = False) -> Iterator[dict]:
-    """The store's candidates as export records (streamed)."""
+def records(
+    store: RunStore, kind: str = "train", steps: tuple[int | None, int | None] = (None, None), chosen_only: bool = False
+) -> Iterator[dict]:
+    """The store's candidates as export records (streamed), the same fields in every format:
+    `problem` and `components` (whose keys differ by task and role) as JSON text; evaluation rows
+    (greedy, never trained on) have no advantage and no log-probs (null); `group_kept` says whether
+    the candidate's group reached the learner (false: the zero-std filter dropped it; null: eval)."""
     for r in store.candidate_records(kind, steps[0], steps[1], chosen_only):
         messages = ([{"role": "system", "content": r["system"]}] if r["system"] else []) + [
-            {"role": "user", "content": r["observation"]}, {"role": "assistant", "content": r["response"] or ""}]
-        yield {**r, "messages": messages}
+            {"role": "user", "content": r["observation"]},
+            {"role": "assistant", "content": r["response"] or ""},
+        ]
+        evaluated = r["kind"] != "train"
+        yield {
+            **r,
+            "problem": json.dumps(r["problem"], sort_keys=True),
+            "components": json.dumps(r["components"], sort_keys=True),
+            "advantage": None if evaluated else r["advantage"],
+            "logprobs": r["logprobs"] or None,
+            "messages": messages,
+        }
 
 
-def export_records(run_dir: Path, output: Path, fmt: str = "jsonl", kind: str = "train",
-                   steps: tuple[int | None, int | None] = (None, None), chosen_only: bool = False) -> int:
+def export_records(
+    run_dir: Path,
+    output: Path,
+    fmt: str = "jsonl",
+    kind: str = "train",
+    steps: tuple[int | None, int | None] = (None, None),
+    chosen_only: bool = False,
+) -> int:
     """Write the records of a run to `output`; returns how many were written."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format '{fmt}'; allowed: {list(FORMATS)}")
     store = RunStore(Path(run_dir) / "run.db", create=False)
-    output.parent.mkdir(parents=True, exist_ok=True)
     rows = records(store, kind, steps, chosen_only)
-    count = 0
     try:
+        first = next(rows, None)
+        if first is None:  # nothing matched: no empty file
+            return 0
+        output.parent.mkdir(parents=True, exist_ok=True)
+        rows = itertools.chain([first], rows)
         if fmt == "jsonl":
+            count = 0
             with open(output, "w") as handle:
-                for count, record in enumerate(rows, 1):
+                for record in rows:
                     handle.write(json.dumps(record) + "\n")
+                    count += 1
             return count
         return _parquet(rows, output)
     finally:
@@ -57,14 +85,36 @@ def _schema():
     import pyarrow as pa
 
     text, integer, real = pa.string(), pa.int64(), pa.float64()
-    return pa.schema([
-        ("step", integer), ("kind", text), ("episode", integer), ("problem_id", text), ("problem", text),
-        ("episode_success", pa.bool_()), ("turn", integer), ("role", text), ("policy", text), ("system", text),
-        ("observation", text), ("candidate", integer), ("response", text), ("prompt_tokens", integer),
-        ("response_tokens", integer), ("reward", real), ("team", real), ("local", real), ("components", text),
-        ("advantage", real), ("chosen", pa.bool_()), ("info", text), ("logprobs", pa.list_(pa.float32())), ("policy_version", integer),
-        ("messages", pa.list_(pa.struct([("role", text), ("content", text)]))),
-    ])
+    return pa.schema(
+        [
+            ("step", integer),
+            ("kind", text),
+            ("episode", integer),
+            ("problem_id", text),
+            ("problem", text),
+            ("episode_success", pa.bool_()),
+            ("turn", integer),
+            ("role", text),
+            ("policy", text),
+            ("system", text),
+            ("observation", text),
+            ("candidate", integer),
+            ("response", text),
+            ("prompt_tokens", integer),
+            ("response_tokens", integer),
+            ("reward", real),
+            ("team", real),
+            ("local", real),
+            ("components", text),
+            ("advantage", real),
+            ("chosen", pa.bool_()),
+            ("info", text),
+            ("logprobs", pa.list_(pa.float32())),
+            ("policy_version", integer),
+            ("group_kept", pa.bool_()),
+            ("messages", pa.list_(pa.struct([("role", text), ("content", text)]))),
+        ]
+    )
 
 
 def _parquet(rows: Iterator[dict], output: Path, batch: int = 5000) -> int:
@@ -76,7 +126,7 @@ def _parquet(rows: Iterator[dict], output: Path, batch: int = 5000) -> int:
     schema, count, chunk = _schema(), 0, []
     with pq.ParquetWriter(output, schema) as writer:
         for record in rows:
-            chunk.append({**record, "problem": json.dumps(record["problem"]), "components": json.dumps(record["components"])})
+            chunk.append(record)
             if len(chunk) == batch:
                 writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
                 count, chunk = count + len(chunk), []
@@ -94,7 +144,9 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
     state_file = checkpoint / "state.json"
     folder = checkpoint / "policies" / policy
     if not state_file.is_file() or not folder.is_dir():
-        found = sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []
+        found = (
+            sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []
+        )
         raise ExportError(f"{checkpoint}: no checkpoint of policy '{policy}' (policies here: {found})")
     task = TaskConfig.model_validate(json.loads(state_file.read_text())["task"])
     spec = task.policies[policy]

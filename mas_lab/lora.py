@@ -6,6 +6,7 @@ generation the transformers engine merges each policy's adapter into its own cop
 weights instead (`MergedAdapters`): the same function, without peft's per-module adapter work at
 every decoded token.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,9 +19,14 @@ def attach(model, adapters: dict[str, Lora]):
     from peft import LoraConfig, get_peft_model
 
     def config(spec: Lora) -> LoraConfig:
-        return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                          target_modules=list(spec.target_modules), task_type="CAUSAL_LM",
-                          modules_to_save=list(spec.modules_to_save) or None)
+        return LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; a float scales the same
+            lora_dropout=spec.dropout,
+            target_modules=list(spec.target_modules),
+            task_type="CAUSAL_LM",
+            modules_to_save=list(spec.modules_to_save) or None,
+        )
 
     names = list(adapters)
     model = get_peft_model(model, config(adapters[names[0]]), adapter_name=names[0])
@@ -71,10 +77,13 @@ class MergedAdapters:
             raise ValueError("merged adapters do not carry modules_to_save; use the peft model")
         self.model, self.specs = model, adapters
         targets = {t for spec in adapters.values() for t in spec.target_modules}
-        self.modules = {name: m for name, m in model.named_modules()
-                        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets}
+        self.modules = {
+            name: m
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        }
         self.base = {name: m.weight for name, m in self.modules.items()}
-        self.merged: dict[str, dict[str, torch.nn.Parameter]] = {}
+        self.merged: dict[str, dict[str, torch.Tensor]] = {}
         self.active: str | None = None
 
     @torch.no_grad()
@@ -83,7 +92,7 @@ class MergedAdapters:
         and `.lora_B.weight`) into the policy's weights."""
         spec = self.specs[policy]
         scale = spec.alpha / spec.rank
-        merged: dict[str, torch.nn.Parameter] = {}
+        merged: dict[str, torch.Tensor] = {}
         for name, base in self.base.items():
             a, b = state.get(f"{PEFT_PREFIX}{name}.lora_A.weight"), state.get(f"{PEFT_PREFIX}{name}.lora_B.weight")
             if a is None or b is None or name.rsplit(".", 1)[-1] not in spec.target_modules:

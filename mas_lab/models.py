@@ -8,8 +8,10 @@
 - anything else: an existing HF model folder, or a hub id (`org/name`) where the machine can
   reach the hub; mas-lab itself never downloads.
 """
+
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import re
@@ -17,8 +19,6 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
-
-import fcntl
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -119,12 +119,20 @@ def _build_tiny(folder: Path) -> None:
     logging.disable_progress_bar()
     tokenizer = tiny_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
         # std 0.1 rather than 0.02: with tied embeddings of std 0.02 the largest logit a frozen
         # output layer allows is ~1.3, which caps what LoRA adapters can learn on the toy task
         initializer_range=0.1,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)

@@ -11,6 +11,7 @@ An explicit `bfloat16` is kept as asked; the run then records that it is emulate
 vLLM on a CPU resolves `auto` to float32 whatever the flags: its bf16 CPU path once gave garbage
 text here, and float32 is the one known to agree with the learner.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -45,7 +46,7 @@ def native_bf16(device: str) -> bool:
 
 
 def resolve(dtype: str, device: str) -> str:
-    """"float32" or "bfloat16": `auto` by the device's hardware, the others as given."""
+    """ "float32" or "bfloat16": `auto` by the device's hardware, the others as given."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: allowed are {', '.join(DTYPES)}")
     if dtype != "auto":
@@ -57,5 +58,9 @@ def report(requested: str, device: str) -> dict[str, object]:
     """What an actor tells the run about its precision: the requested and resolved dtype, the
     device, and whether bf16 is emulated there (slow: see the module docstring)."""
     resolved = resolve(requested, device)
-    return {"requested": requested, "dtype": resolved, "device": device,
-            "emulated_bf16": resolved == "bfloat16" and not native_bf16(device)}
+    return {
+        "requested": requested,
+        "dtype": resolved,
+        "device": device,
+        "emulated_bf16": resolved == "bfloat16" and not native_bf16(device),
+    }

@@ -1,5 +1,6 @@
-"""The one shape of a progress event, from the controller and the run lifecycle to whoever shows
+"""The one shape of a progress event, from the trainer and the run lifecycle to whoever shows
 it (the CLI's progress bar, the background run's log)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

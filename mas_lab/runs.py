@@ -3,6 +3,7 @@ the background. The CLI and the dashboard both call this module; neither spells 
 commands. Every check happens before anything is created or changed, and every refusal is a
 `RunError` whose message is one sentence a user can act on.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -16,11 +17,21 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from mas_lab.config import TaskConfig, TaskFileError, as_mode, flat_params, load_task, swap_policies, task_to_yaml
+from mas_lab.config import (
+    TaskConfig,
+    TaskFileError,
+    as_mode,
+    flat_params,
+    load_task,
+    stored_task_data,
+    swap_policies,
+    task_to_yaml,
+)
 from mas_lab.control import acquire_lock, release_lock
 from mas_lab.progress import Progress, ProgressEvent
+from mas_lab.sandbox import SandboxUnavailable
 from mas_lab.store import RunStore, StoreError
 from mas_lab.tracking import Tracker, resolve_uri
 
@@ -42,11 +53,37 @@ class Run:
     summary: dict = field(default_factory=dict)
 
 
-def load(task_file: Path, overrides: list[str]) -> TaskConfig:
+def load(task_file: Path, overrides: list[str], stored: bool = False) -> TaskConfig:
     try:
-        return load_task(task_file, overrides)
+        return load_task(task_file, overrides, stored)
     except TaskFileError as exc:
         raise RunError(str(exc)) from None
+
+
+def check_runs_dir(task: TaskConfig) -> None:
+    """Whether run folders can be made under tracking.runs_dir, without making anything: it is a
+    folder, or the nearest folder above it that exists is one we may write to."""
+    where = Path(task.tracking.runs_dir)
+    existing = where
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise RunError(f"tracking.runs_dir '{task.tracking.runs_dir}': {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunError(f"tracking.runs_dir '{task.tracking.runs_dir}': {existing} is not writable here")
+
+
+def check_problems(task: TaskConfig) -> None:
+    """Whether the task's parameters can make its held-out set (and hard split) and one step of
+    distinct training problems: checked before a run folder exists, so a task that cannot run
+    leaves nothing behind."""
+    from mas_lab.baselines import task_pool
+
+    try:
+        pool = task_pool(task)
+        pool.distinct_train(0, task.train.problems_per_step)
+    except ValueError as exc:
+        raise RunError(f"{task.env.name} with env.params {json.dumps(task.env.params)[:300]}: {exc}") from None
 
 
 def new_run_dir(task: TaskConfig, explicit: Path | None = None) -> Path:
@@ -61,8 +98,10 @@ def new_run_dir(task: TaskConfig, explicit: Path | None = None) -> Path:
     try:
         run_dir.mkdir(parents=True, exist_ok=explicit is not None)
     except OSError as exc:
-        raise RunError(f"cannot make the run folder {run_dir} (tracking.runs_dir '{task.tracking.runs_dir}'): "
-                       f"{exc.strerror or exc}") from None
+        raise RunError(
+            f"cannot make the run folder {run_dir} (tracking.runs_dir '{task.tracking.runs_dir}'): "
+            f"{exc.strerror or exc}"
+        ) from None
     return run_dir
 
 
@@ -71,24 +110,36 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
     store and a new MLflow run. The tracking URI is recorded absolute, so a resume from another
     working folder finds the same MLflow store. If any of it fails, the folder is removed again."""
     _check_cluster(task)  # before anything is created: a wrong address leaves nothing behind
+    check_problems(task)
     created = run_dir is None or not run_dir.exists()
     run_dir = new_run_dir(task, run_dir)
-    if not acquire_lock(run_dir):
+    if not _lock(run_dir):
         raise RunError(f"{run_dir}: another mas-lab process holds this run folder")
     try:
         uri = resolve_uri(task.tracking.mlflow_uri)
         try:
-            tracker = Tracker(uri, task.tracking.experiment, run_dir.name)
+            tags = dict(task.tracking.tags)
+            if task.tracking.parent_run:
+                tags["mlflow.parentRunId"] = task.tracking.parent_run
+            tracker = Tracker(uri, task.tracking.experiment, run_dir.name, tags=tags)
         except Exception as exc:
-            raise RunError(f"tracking.mlflow_uri '{task.tracking.mlflow_uri}': MLflow cannot use it "
-                           f"({type(exc).__name__}: {str(exc)[:300]})") from None
+            raise RunError(
+                f"tracking.mlflow_uri '{task.tracking.mlflow_uri}': MLflow cannot use it "
+                f"({type(exc).__name__}: {str(exc)[:300]})"
+            ) from None
         (run_dir / "task.yaml").write_text(task_to_yaml(task))
         store = RunStore(run_dir / "run.db")
         tracker.log_params(flat_params(task))
         tracker.log_artifact(run_dir / "task.yaml")
         tracker.set_tag("mas_lab.kind", "train")
-        store.set_meta(run_id=run_dir.name, task=task.model_dump(mode="json"), task_file=str(task_file),
-                       mlflow_uri=uri, mlflow_run_id=tracker.run_id, status="starting")
+        store.set_meta(
+            run_id=run_dir.name,
+            task=task.model_dump(mode="json"),
+            task_file=str(task_file),
+            mlflow_uri=uri,
+            mlflow_run_id=tracker.run_id,
+            status="starting",
+        )
     except BaseException:
         release_lock(run_dir)
         if created:
@@ -110,9 +161,10 @@ def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
 
     if not (run_dir / "run.db").is_file() or not (run_dir / "task.yaml").is_file():
         raise RunError(f"{run_dir}: not a run folder (needs run.db and task.yaml)")
-    if not acquire_lock(run_dir):
-        raise RunError(f"{run_dir}: the run is still running (another process holds it); stop it first: "
-                       f"mas-lab stop {run_dir}")
+    if not _lock(run_dir):
+        raise RunError(
+            f"{run_dir}: the run is still running (another process holds it); stop it first: mas-lab stop {run_dir}"
+        )
     try:
         return _resume_locked(run_dir, task_file, overrides, checkpoint)
     except BaseException:
@@ -125,6 +177,12 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
         reader = RunStore(run_dir / "run.db", create=False)
     except StoreError as exc:
         raise RunError(str(exc)) from None
+    problem = reader.integrity_problem()
+    if problem:
+        reader.close()
+        raise RunError(
+            f"{run_dir / 'run.db'}: damaged ({problem}); the run cannot continue exactly, and nothing was changed"
+        )
     found = checkpoint.complete(run_dir)
     if not found:
         raise RunError(f"{run_dir}: no complete checkpoint to resume from")
@@ -134,20 +192,24 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
     except checkpoint.CheckpointError as exc:
         raise RunError(f"{exc}; remove that folder to resume from an earlier checkpoint") from None
     source = task_file or run_dir / "task.yaml"
-    task = load(source, overrides)
-    before = TaskConfig.model_validate(saved["task"])
+    task = load(source, overrides, stored=task_file is None)
+    before = TaskConfig.model_validate(stored_task_data(saved["task"]))
     for key in FIXED_ON_RESUME:
         a, b = _get(before.model_dump(mode="json"), key), _get(task.model_dump(mode="json"), key)
         if a != b:
-            raise RunError(f"{source}: does not match the checkpoint {last}: field '{key}' was {json.dumps(a)}, "
-                           f"now {json.dumps(b)}")
+            raise RunError(
+                f"{source}: does not match the checkpoint {last}: field '{key}' was {json.dumps(a)}, "
+                f"now {json.dumps(b)}"
+            )
     _check_cluster(task)
     expected, held = saved.get("store"), reader.digest(saved["step"])
     if expected is not None and expected != held:
         missing = sorted(set(expected["steps"]) - set(held["steps"]))
-        raise RunError(f"{run_dir / 'run.db'}: does not hold what checkpoint {last.name} recorded (steps missing: "
-                       f"{missing or 'none'}; {held['candidates']} of {expected['candidates']} candidates); the store "
-                       "lost data (a lost or damaged run.db-wal?), so the run cannot continue exactly")
+        raise RunError(
+            f"{run_dir / 'run.db'}: does not hold what checkpoint {last.name} recorded (steps missing: "
+            f"{missing or 'none'}; {held['candidates']} of {expected['candidates']} candidates); the store "
+            "lost data (a lost or damaged run.db-wal?), so the run cannot continue exactly"
+        )
     meta = reader.meta()
     reader.close()
     same_uri = task.tracking.mlflow_uri == before.tracking.mlflow_uri and meta.get("mlflow_uri")
@@ -155,8 +217,10 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
     try:
         tracker = Tracker(uri, task.tracking.experiment, run_dir.name, run_id=saved["mlflow_run_id"])
     except Exception as exc:
-        raise RunError(f"{run_dir}: its MLflow run {saved['mlflow_run_id']} is not reachable at {uri} "
-                       f"({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise RunError(
+            f"{run_dir}: its MLflow run {saved['mlflow_run_id']} is not reachable at {uri} "
+            f"({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     store = RunStore(run_dir / "run.db")
     store.rollback(saved["step"])
     stale = store.take_controls()  # requests meant for the process that died: a stale pause would hold this one
@@ -171,6 +235,18 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
         for key, value in changed.items():
             tracker.set_tag(f"mas_lab.resumed.{key}", f"{old.get(key)} -> {value}"[:5000])
     return Run(task, run_dir, store, tracker, resume_from=last)
+
+
+def _lock(run_dir: Path) -> bool:
+    """acquire_lock, with a folder where no lock file can be made (read-only media, another user's
+    folder) said in one line: a run continues only where it can write."""
+    try:
+        return acquire_lock(run_dir)
+    except OSError as exc:
+        raise RunError(
+            f"{run_dir}: cannot take the run's lock file ({exc.strerror or exc}); a run continues "
+            "only in a folder it can write (copy it somewhere writable)"
+        ) from None
 
 
 def _check_cluster(task: TaskConfig) -> None:
@@ -188,15 +264,15 @@ def _get(data: dict, dotted: str):
     return data
 
 
-def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
-          on_signal: Callable[[str], None] | None = None) -> dict:
+def train(
+    run: Run, use_ray: bool = True, progress: Progress | None = None, on_signal: Callable[[str], None] | None = None
+) -> dict:
     """Start the actors, restore the checkpoint of a resume, train, and record how the run ended
     (store status and MLflow status) whatever happens. SIGINT / SIGTERM stop at the next step
     boundary with a checkpoint (`on_signal` is told); a second one aborts at once."""
     from mas_lab.backend import Backend
-    from mas_lab.controller import Controller
-
     from mas_lab.control import RunControl
+    from mas_lab.trainer import Trainer
 
     control = RunControl(run.store)
 
@@ -213,16 +289,18 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
                 tell(ProgressEvent("starting actors and loading models", 0))
                 backend = None
                 backend = Backend(run.task, use_ray=use_ray)
-                controller = Controller(run.task, backend, run.store, run.tracker, run.run_dir)
+                trainer = Trainer(run.task, backend, run.store, run.tracker, run.run_dir)
                 if run.resume_from is not None:
-                    state = controller.restore(run.resume_from)
+                    state = trainer.restore(run.resume_from)
                     run.store.event(state["step"], "resume", f"resumed from {run.resume_from.name}")
                     tell(ProgressEvent(f"resumed from {run.resume_from.name}", state["step"]))
-                run.store.event(controller.step, "placement", "actors on nodes: " + json.dumps(backend.placement()))
-                dtypes = _record_precision(run, controller.step, backend.precision(), tell)
-                _stop_on_signals(controller, on_signal)
-                summary = {**controller.run(progress), "precision": dtypes}
+                run.store.event(trainer.step, "placement", "actors on nodes: " + json.dumps(backend.placement()))
+                dtypes = _record_precision(run, trainer.step, backend.precision(), tell)
+                _stop_on_signals(trainer, on_signal)
+                summary = {**trainer.run(progress), "precision": dtypes}
                 break
+            except SandboxUnavailable as exc:
+                raise RunError(f"sandbox: {exc}") from None
             except Exception as exc:
                 died = _dead_actor(exc)
                 if died is None:
@@ -231,8 +309,10 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
                     backend.shutdown()
                 backend = None
                 if restarts >= run.task.resources.actor_restarts:
-                    raise RunError(f"{died} died ({restarts} restarts allowed by resources.actor_restarts, "
-                                   f"all used); continue with: mas-lab run --resume {run.run_dir}") from None
+                    raise RunError(
+                        f"{died} died ({restarts} restarts allowed by resources.actor_restarts, "
+                        f"all used); continue with: mas-lab run --resume {run.run_dir}"
+                    ) from None
                 restarts += 1
                 run.resume_from = _back_to_last_checkpoint(run, f"{died} died; restart {restarts}")
         status = "FINISHED"
@@ -246,9 +326,14 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
         # Each ending step on its own: a full disk that broke the run may break one of them too.
         ended = ("stopped" if summary.get("stopped") else "finished") if status == "FINISHED" else status.lower()
         mlflow_status = "KILLED" if ended in ("stopped", "killed") else status  # a stopped run did not finish
-        for finish in (lambda: run.store.set_meta(status=ended), lambda: run.tracker.set_tag("mas_lab.end", ended),
-                       lambda: run.tracker.finish(mlflow_status),
-                       run.store.finish, lambda: backend and backend.shutdown()):
+        for finish in (
+            lambda: run.store.set_meta(status=ended),
+            lambda: run.tracker.set_tag("mas_lab.end", ended),
+            lambda: _log_charts(run),
+            lambda: run.tracker.finish(mlflow_status),
+            run.store.finish,
+            lambda: backend.shutdown() if backend else None,
+        ):
             try:
                 finish()
             except Exception:
@@ -257,15 +342,25 @@ def train(run: Run, use_ray: bool = True, progress: Progress | None = None,
     return summary
 
 
+def _log_charts(run: Run) -> None:
+    """The run's charts (`mas-lab plot`) as MLflow artifacts, so its UI shows them beside the metrics."""
+    from mas_lab.plots import plot_run
+
+    for path in plot_run(run.run_dir, run.run_dir / "plots"):
+        run.tracker.client.log_artifact(run.tracker.run_id, str(path), "charts")
+
+
 def _record_precision(run: Run, step: int, reports: dict[str, dict], tell) -> dict[str, str]:
     """Store each actor's resolved dtype (an event); where bf16 is emulated, say so to the user:
     it is tens of times slower than float32 there (mas_lab/precision.py). Actor -> dtype."""
     run.store.event(step, "precision", "actor dtypes: " + json.dumps(reports))
     emulated = sorted(actor for actor, r in reports.items() if r["emulated_bf16"])
     if emulated:
-        message = (f"bfloat16 is emulated on this machine's CPU (no avx512_bf16, amx_bf16 or bf16 flag) for "
-                   f"{', '.join(emulated)}: expect it tens of times slower than float32; set the policy's "
-                   "dtype to auto or float32")
+        message = (
+            f"bfloat16 is emulated on this machine's CPU (no avx512_bf16, amx_bf16 or bf16 flag) for "
+            f"{', '.join(emulated)}: expect it tens of times slower than float32; set the policy's "
+            "dtype to auto or float32"
+        )
         run.store.event(step, "warning", message)
         tell(ProgressEvent("warning: " + message, step))
     return {actor: str(r["dtype"]) for actor, r in reports.items()}
@@ -273,7 +368,9 @@ def _record_precision(run: Run, step: int, reports: dict[str, dict], tell) -> di
 
 def _record_error(run: Run, exc: BaseException) -> None:
     try:
-        run.store.set_meta(error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}")
+        run.store.set_meta(
+            error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"
+        )
     except Exception:
         pass
 
@@ -287,7 +384,7 @@ def _dead_actor(exc: BaseException) -> str | None:
     if not isinstance(exc, RayActorError):
         return None
     error = getattr(exc, "error_msg", "") or str(exc)
-    name = next((w for w in ("RolloutWorker", "Learner") if w in error), "a Ray actor")
+    name = next((w for w in ("RolloutWorker", "Learner", "Colocated") if w in error), "a Ray actor")
     return f"the Ray actor {name}" if name != "a Ray actor" else name
 
 
@@ -305,11 +402,11 @@ def _back_to_last_checkpoint(run: Run, reason: str) -> Path:
     return found[-1]
 
 
-def _stop_on_signals(controller, on_signal: Callable[[str], None] | None) -> None:
+def _stop_on_signals(trainer, on_signal: Callable[[str], None] | None) -> None:
     def handler(signum, frame):
-        if controller.stop_requested:
+        if trainer.stop_requested:
             raise KeyboardInterrupt
-        controller.request_stop()
+        trainer.request_stop()
         if on_signal:
             on_signal(signal.Signals(signum).name)
 
@@ -352,11 +449,17 @@ def policy_folder(checkpoint_dir: Path, task: TaskConfig) -> Path:
     return folder
 
 
-def evaluate(task: TaskConfig, task_file: Path, samples: int = 1, checkpoint_dir: Path | None = None,
-             settings: dict[str, str] | None = None, use_ray: bool = True) -> tuple[Run, dict[str, float]]:
+def evaluate(
+    task: TaskConfig,
+    task_file: Path,
+    samples: int = 1,
+    checkpoint_dir: Path | None = None,
+    settings: dict[str, str] | None = None,
+    use_ray: bool = True,
+) -> tuple[Run, dict[str, float]]:
     """An evaluation run: its own run folder and MLflow run (tag mas_lab.kind=eval)."""
     from mas_lab.backend import Backend
-    from mas_lab.controller import Controller
+    from mas_lab.trainer import Trainer
 
     folder = policy_folder(checkpoint_dir, task) if checkpoint_dir is not None else None
     run = new_run(task, task_file)
@@ -369,7 +472,7 @@ def evaluate(task: TaskConfig, task_file: Path, samples: int = 1, checkpoint_dir
         backend = Backend(task, use_ray=use_ray)
         if folder is not None:
             backend.load_policies(folder, 0, optimizer=False)
-        metrics = Controller(task, backend, run.store, run.tracker).evaluate(0, samples)
+        metrics = Trainer(task, backend, run.store, run.tracker).evaluate(0, samples)
         run.tracker.log_metrics(0, metrics)
         run.store.set_meta(status="finished")
         run.tracker.finish("FINISHED")
@@ -384,8 +487,9 @@ def evaluate(task: TaskConfig, task_file: Path, samples: int = 1, checkpoint_dir
 
 
 # --- a run in the background (the dashboard) ---------------------------------------------------
-def start_in_background(task_file: Path, overrides: list[str], run_dir: Path | None = None,
-                        poll_s: float = 0.2) -> tuple[Path, subprocess.Popen]:
+def start_in_background(
+    task_file: Path, overrides: list[str], run_dir: Path | None = None, poll_s: float = 0.2
+) -> tuple[Path, subprocess.Popen]:
     """Validate the task, then start `mas-lab run` as its own process (it goes on if the caller
     exits; stop it with `mas-lab stop RUN_DIR`), logging to RUN_DIR/run.log. Returns once the
     run's store exists, or raises RunError when the process ended first."""
@@ -395,8 +499,14 @@ def start_in_background(task_file: Path, overrides: list[str], run_dir: Path | N
     for item in overrides:
         command += ["--set", item]
     with open(run_dir / "run.log", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env={**os.environ, "COLUMNS": "120"})
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "120"},
+        )
     while not (run_dir / "run.db").is_file():
         if process.poll() is not None:
             raise RunError(f"the run ended at start; see {run_dir / 'run.log'}")
@@ -412,7 +522,7 @@ def list_runs(folder: Path) -> list[dict]:
 
     from mas_lab.control import RunControl
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for run_dir in sorted(p for p in Path(folder).iterdir() if (p / "run.db").is_file()):
         row = {"run": run_dir.name, "path": str(run_dir)}
         try:
@@ -425,10 +535,20 @@ def list_runs(folder: Path) -> list[dict]:
             task = meta.get("task") or {}
             evals = store.series("eval/success_rate")
             started, _ = store.time_span()
-            rows.append({**row, "task": task.get("name"), "kind": meta.get("kind", "train"), "status": state["status"],
-                         "step": state.get("step"), "steps": (task.get("train") or {}).get("steps"),
-                         "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
-                         "started": started, "mlflow_run_id": meta.get("mlflow_run_id")})
+            rows.append(
+                {
+                    **row,
+                    "task": task.get("name"),
+                    "kind": meta.get("kind", "train"),
+                    "status": state["status"],
+                    "step": state.get("step"),
+                    "steps": (task.get("train") or {}).get("steps"),
+                    "eval_first": evals[0][1] if evals else None,
+                    "eval_last": evals[-1][1] if evals else None,
+                    "started": started,
+                    "mlflow_run_id": meta.get("mlflow_run_id"),
+                }
+            )
         except sqlite3.Error as exc:
             rows.append({**row, "status": f"unreadable: {exc}"})
         finally:

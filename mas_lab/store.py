@@ -3,6 +3,7 @@ and the dashboard. Every episode, turn, candidate (prompt, response, token count
 components, advantage, chosen flag), group statistic and per-step metric is written in one
 transaction per step, so a step is either all there or absent.
 """
+
 from __future__ import annotations
 
 import array
@@ -12,7 +13,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 from mas_lab.algo.groups import ALL_AGENTS, GroupStats
 
@@ -69,9 +70,13 @@ class RunStore:
         if not create:
             if not self.path.is_file():
                 raise FileNotFoundError(f"{self.path}: no run store")
-            self.db = self._read_only()
-            self._check_version()
-            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+            try:
+                self.db = self._read_only()
+                self._check_version()
+                meta = self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+            except sqlite3.DatabaseError as exc:  # truncated, or not SQLite at all
+                raise StoreError(f"{self.path}: damaged or not a run store ({exc})") from None
+            if not meta:
                 self.db.close()
                 raise StoreError(f"{self.path}: not a mas-lab run store (it has no meta table)")
             return
@@ -83,12 +88,25 @@ class RunStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a committed step survives a power loss
         self.db.executescript(SCHEMA)
-        for table, column, kind in (("candidates", "logprobs", "BLOB"), ("turns", "system", "TEXT"),
-                                    ("candidates", "policy_version", "INTEGER")):
+        for table, column, kind in (
+            ("candidates", "logprobs", "BLOB"),
+            ("turns", "system", "TEXT"),
+            ("candidates", "policy_version", "INTEGER"),
+        ):
             if column not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.db.commit()
+
+    def integrity_problem(self) -> str | None:
+        """What SQLite's quick check finds wrong with the file (a damaged page, a truncated file),
+        or None. Commands run it before they read or change a store, so a damaged one is refused
+        in one line before anything is changed."""
+        try:
+            rows = self.db.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            return str(exc)
+        return None if rows == [("ok",)] else "; ".join(str(r[0]) for r in rows[:3])
 
     def _create_atomically(self) -> None:
         """Build the schema in a private file, then link it into place: a reader (the dashboard, `mas-lab
@@ -128,8 +146,10 @@ class RunStore:
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
             self.db.close()
-            raise StoreError(f"{self.path}: written by a newer mas-lab (store schema {version}, this one reads "
-                             f"up to {SCHEMA_VERSION}); upgrade mas-lab to open it")
+            raise StoreError(
+                f"{self.path}: written by a newer mas-lab (store schema {version}, this one reads "
+                f"up to {SCHEMA_VERSION}); upgrade mas-lab to open it"
+            )
 
     def checkpoint_wal(self, mode: str = "PASSIVE") -> None:
         """Move committed steps from run.db-wal into run.db (after every step), so the main file
@@ -151,10 +171,13 @@ class RunStore:
         count = lambda query: self.db.execute(query, (through_step,)).fetchone()[0]  # noqa: E731
         turns = "SELECT id FROM turns WHERE episode_id IN (SELECT id FROM episodes WHERE step <= ?)"
         return {
-            "steps": [s for (s,) in self.db.execute("SELECT step FROM steps WHERE step <= ? ORDER BY step", (through_step,))],
+            "steps": [
+                s for (s,) in self.db.execute("SELECT step FROM steps WHERE step <= ? ORDER BY step", (through_step,))
+            ],
             "episodes": count("SELECT COUNT(*) FROM episodes WHERE step <= ?"),
-            "candidates": self.db.execute(f"SELECT COUNT(*) FROM candidates WHERE turn_id IN ({turns})",
-                                          (through_step,)).fetchone()[0],
+            "candidates": self.db.execute(
+                f"SELECT COUNT(*) FROM candidates WHERE turn_id IN ({turns})", (through_step,)
+            ).fetchone()[0],
             "groups": count("SELECT COUNT(*) FROM groups WHERE step <= ?"),
             "metrics": count("SELECT COUNT(*) FROM metrics WHERE step <= ?"),
             "run_id": self.meta().get("run_id"),
@@ -186,8 +209,15 @@ class RunStore:
             self.db.executemany("UPDATE control SET done = 1 WHERE id = ?", [(i,) for i, _ in rows])
         return [command for _, command in rows]
 
-    def write_step(self, step: int, started: float, episodes: Iterable, kind: str,
-                   groups: list[GroupStats] | None = None, metrics: dict[str, float] | None = None) -> None:
+    def write_step(
+        self,
+        step: int,
+        started: float,
+        episodes: Iterable,
+        kind: str,
+        groups: list[GroupStats] | None = None,
+        metrics: dict[str, float] | None = None,
+    ) -> None:
         """Write one step's episodes (train or eval), group stats and metrics in one transaction.
         Episodes are plain records: their final state and success were recorded by the rollout."""
         with self.db:
@@ -199,23 +229,40 @@ class RunStore:
                 [(step, *dataclasses.astuple(g)) for g in groups or []],
             )
             self.db.executemany(
-                "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", [(step, k, float(v)) for k, v in (metrics or {}).items()]
+                "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
+                [(step, k, float(v)) for k, v in (metrics or {}).items()],
             )
         self.checkpoint_wal()
 
     def _write_episode(self, step: int, kind: str, episode) -> None:
         cur = self.db.execute(
             "INSERT INTO episodes (step, kind, idx, problem_id, problem, success, final_state, turns) VALUES (?,?,?,?,?,?,?,?)",
-            (step, kind, episode.index, episode.problem.id, json.dumps(episode.problem.data), int(episode.success),
-             episode.final_state, len({t.turn for t in episode.turns})),
+            (
+                step,
+                kind,
+                episode.index,
+                episode.problem.id,
+                json.dumps(episode.problem.data),
+                int(episode.success),
+                episode.final_state,
+                len({t.turn for t in episode.turns}),
+            ),
         )
         episode_id = cur.lastrowid
         for turn in episode.turns:
             cur = self.db.execute(
                 "INSERT INTO turns (episode_id, turn, role, policy, observation, chosen, state_after, system)"
                 " VALUES (?,?,?,?,?,?,?,?)",
-                (episode_id, turn.turn, turn.role, turn.policy, turn.observation, turn.chosen, turn.state_after,
-                 turn.system),
+                (
+                    episode_id,
+                    turn.turn,
+                    turn.role,
+                    turn.policy,
+                    turn.observation,
+                    turn.chosen,
+                    turn.state_after,
+                    turn.system,
+                ),
             )
             turn_id = cur.lastrowid
             self.db.executemany(
@@ -223,9 +270,24 @@ class RunStore:
                 " local, components, advantage, chosen, info, state_after, logprobs, policy_version)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
-                    (turn_id, c.index, c.prompt_hash, c.response, len(c.prompt_ids), len(c.response_ids), c.reward,
-                     c.team, c.local, json.dumps(c.components), c.advantage, int(c.chosen), c.info, c.state_after,
-                     array.array("f", c.logprobs).tobytes() if c.logprobs else None, c.version)
+                    (
+                        turn_id,
+                        c.index,
+                        c.prompt_hash,
+                        c.response,
+                        len(c.prompt_ids),
+                        len(c.response_ids),
+                        c.reward,
+                        c.team,
+                        c.local,
+                        json.dumps(c.components),
+                        c.advantage,
+                        int(c.chosen),
+                        c.info,
+                        c.state_after,
+                        array.array("f", c.logprobs).tobytes() if c.logprobs else None,
+                        c.version,
+                    )
                     for c in turn.candidates
                 ],
             )
@@ -253,7 +315,7 @@ class RunStore:
         return {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM meta")}
 
     def metrics(self, step: int | None = None) -> dict[int, dict[str, float]]:
-        query, args = "SELECT step, key, value FROM metrics", ()
+        query, args = "SELECT step, key, value FROM metrics", cast(tuple, ())
         if step is not None:
             query, args = query + " WHERE step = ?", (step,)
         out: dict[int, dict[str, float]] = {}
@@ -297,9 +359,11 @@ class RunStore:
     def steps(self) -> list[int]:
         return [s for (s,) in self.db.execute("SELECT step FROM steps ORDER BY step")]
 
-    def train_steps(self, kind: str = "train") -> list[int]:
+    def episode_steps(self, kind: str = "train") -> list[int]:
         """Steps that have episodes of `kind` (train, or eval)."""
-        return [s for (s,) in self.db.execute("SELECT DISTINCT step FROM episodes WHERE kind = ? ORDER BY step", (kind,))]
+        return [
+            s for (s,) in self.db.execute("SELECT DISTINCT step FROM episodes WHERE kind = ? ORDER BY step", (kind,))
+        ]
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return list(self.db.execute("SELECT step, value FROM metrics WHERE key = ? ORDER BY step", (key,)))
@@ -310,10 +374,39 @@ class RunStore:
     def events(self, after_ts: float = 0.0) -> list[dict[str, Any]]:
         return self.rows("SELECT ts, step, kind, message FROM events WHERE ts > ? ORDER BY ts", after_ts)
 
+    # --- whole tables, for the notebook API (mas_lab/notebook.py) ------------------------------
+    def episode_table(self) -> list[dict[str, Any]]:
+        """Every episode: step, kind, index, problem (parsed), success, turns, final state."""
+        rows = self.rows(
+            "SELECT step, kind, idx AS episode, problem_id, problem, success, turns, final_state FROM"
+            " episodes ORDER BY step, kind, idx"
+        )
+        for row in rows:
+            row["problem"], row["success"] = json.loads(row["problem"]), bool(row["success"])
+        return rows
+
+    def turn_table(self) -> list[dict[str, Any]]:
+        """Every (turn, agent) of every episode: its observation, the chosen candidate, the state after."""
+        return self.rows(
+            "SELECT e.step, e.kind, e.idx AS episode, e.problem_id, t.turn, t.role, t.policy, t.system, t.observation,"
+            " t.chosen, t.state_after FROM turns t JOIN episodes e ON t.episode_id = e.id ORDER BY e.step, e.kind,"
+            " e.idx, t.id"
+        )
+
+    def group_table(self) -> list[dict[str, Any]]:
+        """Every group's statistics, with its step."""
+        rows = self.rows("SELECT * FROM groups ORDER BY step, problem_id, turn, role")
+        for row in rows:
+            row["zero_std"], row["kept"] = bool(row["zero_std"]), bool(row["kept"])
+        return rows
+
     def groups(self, step: int) -> list[GroupStats]:
         names = ", ".join(f.name for f in dataclasses.fields(GroupStats))
         found = self.db.execute(f"SELECT {names} FROM groups WHERE step = ? ORDER BY problem_id, turn, role", (step,))
-        return [GroupStats(*row[:-2], zero_std=bool(row[-2]), kept=bool(row[-1])) for row in found]
+        fields = [f.name for f in dataclasses.fields(GroupStats)]
+        return [
+            GroupStats(**{**dict(zip(fields, row)), "zero_std": bool(row[-2]), "kept": bool(row[-1])}) for row in found
+        ]
 
     def group_aggregate(self) -> list[dict[str, Any]]:
         """Per (agent, turn) over all steps: how many groups, their mean reward and zero-std share,
@@ -337,12 +430,18 @@ class RunStore:
         return self.rows(query + " ORDER BY e.idx, t.id, c.idx", *args)
 
     def episode_indices(self, step: int, kind: str = "train") -> list[int]:
-        return [i for (i,) in self.db.execute("SELECT idx FROM episodes WHERE step = ? AND kind = ? ORDER BY idx", (step, kind))]
+        return [
+            i
+            for (i,) in self.db.execute(
+                "SELECT idx FROM episodes WHERE step = ? AND kind = ? ORDER BY idx", (step, kind)
+            )
+        ]
 
     def turn_location(self, turn_id: int) -> tuple[int, int] | None:
         """(step, episode index) of a stored turn row."""
-        return self.db.execute("SELECT e.step, e.idx FROM turns t JOIN episodes e ON t.episode_id = e.id WHERE t.id = ?",
-                               (turn_id,)).fetchone()
+        return self.db.execute(
+            "SELECT e.step, e.idx FROM turns t JOIN episodes e ON t.episode_id = e.id WHERE t.id = ?", (turn_id,)
+        ).fetchone()
 
     def next_zero_std_turn(self, after_turn_id: int) -> int | None:
         """The first training turn row after `after_turn_id` that belongs to a zero-std group (as the
@@ -350,12 +449,18 @@ class RunStore:
         found = self.db.execute(
             "SELECT t.id FROM turns t JOIN episodes e ON t.episode_id = e.id JOIN groups g ON g.step = e.step"
             " AND g.problem_id = e.problem_id AND (g.role = ? OR (g.role = t.role AND g.turn = t.turn))"
-            " WHERE e.kind = 'train' AND t.id > ? AND g.zero_std = 1 ORDER BY t.id LIMIT 1", (ALL_AGENTS, after_turn_id),
+            " WHERE e.kind = 'train' AND t.id > ? AND g.zero_std = 1 ORDER BY t.id LIMIT 1",
+            (ALL_AGENTS, after_turn_id),
         ).fetchone()
         return found[0] if found else None
 
-    def candidate_records(self, kind: str = "train", first_step: int | None = None, last_step: int | None = None,
-                          chosen_only: bool = False) -> Iterator[dict[str, Any]]:
+    def candidate_records(
+        self,
+        kind: str = "train",
+        first_step: int | None = None,
+        last_step: int | None = None,
+        chosen_only: bool = False,
+    ) -> Iterator[dict[str, Any]]:
         """Every stored candidate with its episode and turn, step by step (one query, streamed):
         for export. Columns of older stores (schema 2: logprobs, system; 3: policy_version) come back empty."""
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(turns)")}
@@ -367,12 +472,17 @@ class RunStore:
             f"SELECT e.step, e.kind, e.idx AS episode, e.problem_id, e.problem, e.success AS episode_success, t.turn,"
             f" t.role, t.policy, {system_column} AS system, t.observation, c.idx AS candidate, c.response, c.prompt_tokens,"
             f" c.response_tokens, c.reward, c.team, c.local, c.components, c.advantage, c.chosen, c.info,"
-            f" {logprob_column} AS logprobs, {version_column} AS policy_version FROM candidates c JOIN turns t ON c.turn_id = t.id"
-            f" JOIN episodes e ON t.episode_id = e.id WHERE e.kind = ? AND e.step BETWEEN ? AND ?"
-            + (" AND c.chosen = 1" if chosen_only else "") + " ORDER BY e.step, e.idx, t.id, c.idx"
+            f" {logprob_column} AS logprobs, {version_column} AS policy_version, g.kept AS group_kept"
+            " FROM candidates c JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id"
+            " LEFT JOIN groups g ON e.kind = 'train' AND g.step = e.step AND g.problem_id = e.problem_id"
+            " AND ((g.role = t.role AND g.turn IN (t.turn, -1)) OR (g.role = '*' AND g.turn = -1))"
+            " WHERE e.kind = ? AND e.step BETWEEN ? AND ?"
+            + (" AND c.chosen = 1" if chosen_only else "")
+            + " ORDER BY e.step, e.idx, t.id, c.idx"
         )
-        cursor = self.db.execute(query, (kind, -1 if first_step is None else first_step,
-                                         2**62 if last_step is None else last_step))
+        cursor = self.db.execute(
+            query, (kind, -1 if first_step is None else first_step, 2**62 if last_step is None else last_step)
+        )
         names = [d[0] for d in cursor.description]
         for row in cursor:
             record = dict(zip(names, row))
@@ -381,6 +491,7 @@ class RunStore:
             record["logprobs"] = decode_logprobs(record["logprobs"])
             record["chosen"], record["episode_success"] = bool(record["chosen"]), bool(record["episode_success"])
             record["system"] = record["system"] or ""
+            record["group_kept"] = None if record["group_kept"] is None else bool(record["group_kept"])
             yield record
 
     def search(self, text: str, kind: str = "train") -> list[dict[str, Any]]:
@@ -389,7 +500,10 @@ class RunStore:
         return self.rows(
             "SELECT DISTINCT e.step, e.idx AS episode, t.id AS turn_id FROM turns t JOIN episodes e ON t.episode_id = e.id"
             " LEFT JOIN candidates c ON c.turn_id = t.id WHERE e.kind = ? AND (t.observation LIKE ? OR c.response LIKE ?)"
-            " ORDER BY e.step, e.idx, t.id", kind, like, like,
+            " ORDER BY e.step, e.idx, t.id",
+            kind,
+            like,
+            like,
         )
 
     def close(self) -> None:

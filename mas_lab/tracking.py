@@ -3,6 +3,7 @@
 The task file is logged as params (flattened) and as an artifact; per-step metrics in one batch
 per step. The default store is a local SQLite file (`sqlite:///mlruns.db`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ def resolve_uri(uri: str, base: Path | None = None) -> str:
     base = Path(base or Path.cwd())
     for scheme in ("sqlite:///", "file://"):
         if uri.startswith(scheme):
-            path = uri[len(scheme):]
+            path = uri[len(scheme) :]
             if path and not path.startswith("/") and path != ":memory:":
                 return scheme + str((base / path).resolve())
     if "://" not in uri and not uri.startswith("/"):
@@ -38,7 +39,7 @@ def _setup_lock(uri: str):
     if not uri.startswith("sqlite:///"):
         yield
         return
-    key = hashlib.sha256(str(Path(uri[len("sqlite:///"):]).resolve()).encode()).hexdigest()[:16]
+    key = hashlib.sha256(str(Path(uri[len("sqlite:///") :]).resolve()).encode()).hexdigest()[:16]
     with open(Path(tempfile.gettempdir()) / f"mas-lab-mlflow-{key}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -48,7 +49,17 @@ def _setup_lock(uri: str):
 
 
 class Tracker:
-    def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None):
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        run_id: str | None = None,
+        artifact_location: str | None = None,
+        tags: dict[str, str] | None = None,
+    ):
+        """A new MLflow run (or the run `run_id`, continued); `tags` on a new run, among them
+        mlflow.parentRunId to nest it under a study's parent run (MLflow's sweep convention)."""
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
         from mlflow.tracking import MlflowClient
 
@@ -59,9 +70,13 @@ class Tracker:
         with _setup_lock(uri):
             self.client = MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            self.experiment_id = (
+                found.experiment_id
+                if found
+                else self.client.create_experiment(experiment, artifact_location=artifact_location)
+            )
             if run_id is None:
-                run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+                run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags).info.run_id
             else:
                 self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
@@ -100,11 +115,101 @@ class Tracker:
         for step, metrics in store.metrics().items():
             if done < step <= through_step:
                 self.log_metrics(step, metrics, finished.get(step))
+                self.log_completions(store, step)
         if through_step > done:
             self.set_tag("mas_lab.logged_through_step", str(through_step))
 
+    def log_completions(self, store, step: int, episodes: int = 16, problems: int = 4) -> None:
+        """What the team said, as MLflow tables (the UI's artifact view, and `mlflow.load_table`):
+        at an evaluation, every turn of the first `episodes` held-out episodes with each agent's
+        chosen reply, rewards and success; at a training step, the best and the worst candidate of
+        each (agent, turn) group of the first `problems` problems."""
+        import pandas as pd
+
+        evals = [r for r in store.candidate_records("eval", step, step, chosen_only=True) if r["episode"] < episodes]
+        if evals:
+            self.client.log_table(
+                self.run_id, pd.DataFrame(_completion_rows(evals)), f"completions/eval_step_{step:06d}.json"
+            )
+        train = list(store.candidate_records("train", step, step))
+        chosen_problems = list(dict.fromkeys(r["problem_id"] for r in train))[:problems]
+        rows = []
+        for problem in chosen_problems:
+            by_group: dict[tuple, list[dict]] = {}
+            for r in (r for r in train if r["problem_id"] == problem):
+                by_group.setdefault((r["episode"], r["role"], r["turn"]), []).append(r)
+            for members in by_group.values():
+                ranked = sorted(members, key=lambda r: r["reward"])
+                rows += [{**x, "which": which} for x, which in ((ranked[-1], "best"), (ranked[0], "worst"))]
+        if rows:
+            frame = pd.DataFrame(_completion_rows(rows))
+            frame.insert(0, "which", [r["which"] for r in rows])
+            self.client.log_table(self.run_id, frame, f"completions/train_step_{step:06d}.json")
+
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+
+def _completion_rows(records: list[dict]) -> list[dict]:
+    keep = (
+        "step",
+        "episode",
+        "problem_id",
+        "turn",
+        "role",
+        "response",
+        "reward",
+        "team",
+        "local",
+        "advantage",
+        "chosen",
+        "episode_success",
+    )
+    return [{k: r.get(k) for k in keep} | {"observation": (r.get("observation") or "")[-2000:]} for r in records]
+
+
+def rebuild(run_dir: Path, target: Path) -> str:
+    """An MLflow store for a run folder that does not carry one (copied, shipped, downloaded: its
+    recorded tracking store is on another machine), written from the run store alone: the task as
+    params and artifact, every step's metrics, the completions tables and the charts. Returns its
+    URI. Made once per run folder; later calls reuse it."""
+    import yaml
+
+    from mas_lab.config import TaskConfig, flat_params, stored_task_data
+    from mas_lab.store import RunStore
+
+    target.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{(target / 'mlruns.db').resolve()}"
+    done = target / "rebuilt"
+    if done.is_file():
+        return uri
+    store = RunStore(run_dir / "run.db", create=False)
+    try:
+        tracker = Tracker(
+            uri,
+            "mas-lab (rebuilt from run stores)",
+            run_dir.name,
+            artifact_location=str((target / "artifacts").resolve()),
+        )
+        task_file = run_dir / "task.yaml"
+        if task_file.is_file():
+            task = TaskConfig.model_validate(stored_task_data(yaml.safe_load(task_file.read_text())))
+            tracker.log_params(flat_params(task))
+            tracker.log_artifact(task_file)
+        tracker.set_tag("mas_lab.rebuilt_from", str(run_dir.resolve()))
+        last = max(store.metrics(), default=-1)
+        tracker.sync_from_store(store, last)
+        from mas_lab.plots import plot_run
+
+        charts = target / "charts"
+        for path in plot_run(run_dir, charts):
+            tracker.client.log_artifact(tracker.run_id, str(path), "charts")
+        ended = str(store.meta().get("status", "finished"))
+        tracker.finish({"finished": "FINISHED", "stopped": "KILLED", "killed": "KILLED"}.get(ended, "FAILED"))
+    finally:
+        store.close()
+    done.write_text(uri)
+    return uri
 
 
 def _key(name: str) -> str:

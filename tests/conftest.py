@@ -1,8 +1,12 @@
 import os
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 # One model cache per test session, so tests never depend on ~/.cache state.
@@ -42,3 +46,136 @@ def toy_task():
     from mas_lab.config import load_task
 
     return load_task(ROOT / "tasks" / "toy.yaml")
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """One finished toy run for the whole test run, made once through the CLI (in-process actors, no
+    Ray): 3 steps, an evaluation at step 2 and at the end. Tests that change a run copy it first.
+    Returns (working folder, run folder, the summary JSON)."""
+    import json
+    import subprocess
+
+    cwd = tmp_path_factory.mktemp("toy-run")
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "mas-lab"),
+            "run",
+            str(ROOT / "tasks" / "toy.yaml"),
+            "--no-ray",
+            "--set",
+            "train.steps=3",
+            "--set",
+            "train.eval_every=2",
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    return cwd, cwd / summary["run_dir"], summary
+
+
+def isolation_for_tests():
+    """The sandbox's isolation here; on a machine where bubblewrap does not work, the fallback is
+    allowed (tests of what each isolation grants skip what it lacks, saying so)."""
+    from mas_lab import sandbox
+
+    try:
+        return sandbox.capabilities()
+    except sandbox.SandboxUnavailable:
+        sandbox.configure(allow_fallback=True)
+        return sandbox.capabilities()
+
+
+RAY_BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cluster_processes(temp_dir: str) -> list[psutil.Process]:
+    """The processes of the cluster this test started (their command lines name its temp dir)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(temp_dir in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.fixture
+def cluster():
+    """A real two-node Ray cluster on this machine (`ray start --head` and a second `ray start
+    --address`, 2 CPUs each, token auth): yields (address, its temp dir); stopped afterwards."""
+    temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths have a length limit
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    common = ["--num-cpus", "2", "--temp-dir", temp_dir, "--disable-usage-stats"]
+    try:
+        subprocess.run(
+            [str(RAY_BIN / "ray"), "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+        )
+        subprocess.run(
+            [str(RAY_BIN / "ray"), "start", "--address", f"127.0.0.1:{port}", *common],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**env, "RAY_AUTH_MODE": "token"},
+            timeout=180,
+        )
+        yield f"127.0.0.1:{port}", temp_dir
+    finally:
+        procs = cluster_processes(temp_dir)
+        for proc in procs:
+            proc.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=20)
+        for proc in alive:
+            proc.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test-all`), the tests that start Ray run on one worker, one after
+    another: two local Ray instances or clusters at once would fight over the two cores' CPUs that
+    their actors reserve, and the other worker keeps the rest of the tests moving meanwhile."""
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+def run_task(cwd: Path, task: str, *args: str, sets: tuple[str, ...] = ()):
+    """`mas-lab run tasks/<task> ARGS --set S...` in `cwd`, which must succeed; returns its
+    summary (the last line it printed) and its run store."""
+    import json
+
+    from mas_lab.store import RunStore
+
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "mas-lab"),
+            "run",
+            str(ROOT / "tasks" / task),
+            *args,
+            *[a for s in sets for a in ("--set", s)],
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    return summary, RunStore(cwd / summary["run_dir"] / "run.db", create=False)

@@ -1,4 +1,5 @@
 """A scripted engine for fast unit tests: deterministic candidates, no model."""
+
 from __future__ import annotations
 
 from mas_lab.rollout.engine import Generation
@@ -37,7 +38,10 @@ class FakeBackend:
 
     def update(self, samples):
         self.updates.append(samples)
-        return {name: {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": len(s), "tokens": 0} for name, s in samples.items()}
+        return {
+            name: {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": len(s), "tokens": 0}
+            for name, s in samples.items()
+        }
 
     def sync_weights(self, version):
         return 0.0

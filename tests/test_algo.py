@@ -1,4 +1,5 @@
 """The pure AT-GRPO functions: advantages, groups, filters, the clipped loss."""
+
 import math
 
 import pytest
@@ -101,5 +102,8 @@ def test_micro_batches_accumulate_to_the_full_batch_loss():
     adv = torch.randn(4)
     full, _ = clipped_policy_loss(logp, old, adv, mask)
     tokens = float(mask.sum())
-    parts = [clipped_policy_loss(logp[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], normalizer=tokens)[0] for i in (0, 2)]
+    parts = [
+        clipped_policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], normalizer=tokens)[0]
+        for i in (0, 2)
+    ]
     assert float(sum(parts)) == pytest.approx(float(full), rel=1e-6)

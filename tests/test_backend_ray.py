@@ -1,12 +1,14 @@
 """The Ray backend: real actors generate, update, and sync weights back to the rollout worker."""
+
 import pytest
 import torch
+from conftest import ROOT
 
 from mas_lab.backend import Backend
 from mas_lab.config import load_task
 from mas_lab.learner.samples import Sample
 
-from conftest import ROOT
+pytestmark = [pytest.mark.ray]
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +34,16 @@ def test_update_then_sync_changes_what_the_worker_generates(ray_backend):
     import ray
 
     task, backend = ray_backend
-    host = backend.host_of["shared"]
-    before = ray.get(backend.workers[host][0].stats.remote())
+    base = backend.base_of["shared"]
+    prompts = [[{"role": "user", "content": "write a"}]]
+    backend.generate("shared", prompts, 2, task.roles[0].sampling, seed=3)  # not left to test order
+    before = ray.get(backend.workers[base][0].stats.remote())
     samples = [Sample([2, 10, 11, 3], [71, 71, 3], a) for a in (1.0, -1.0, 0.5)]
     result = backend.update({"shared": samples})["shared"]
     assert result["samples"] == 3 and result["tokens"] == 9.0 and result["grad_norm"] > 0
     assert backend.sync_weights(1) >= 0.0
-    learner = ray.get(backend.learners[host].weights.remote("shared"))
-    worker = ray.get(backend.workers[host][0].load_weights.remote("shared", learner, 2))
+    learner = ray.get(backend.learners[base].weights.remote("shared"))
+    worker = ray.get(backend.workers[base][0].load_weights.remote("shared", learner, 2))
     assert worker == 2 and before["generated_tokens"] > 0
     assert all(torch.isfinite(v).all() for v in learner.values())
 

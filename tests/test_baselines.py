@@ -1,14 +1,21 @@
 """The constant-answer baseline (mas_lab/baselines.py) and its place in the run's verdict."""
+
 from mas_lab.baselines import best_constant, solves
-from mas_lab.controller import verdict
 from mas_lab.envs.base import Problem
 from mas_lab.envs.plan_path import PlanPathEnv
 from mas_lab.envs.toy import ToyEnv
+from mas_lab.reporting import verdict
 
 
 def _problem(start, goal):
-    return Problem({"grid": ["...", "...", "..."], "start": list(start), "goal": list(goal),
-                    "shortest": abs(goal[0] - start[0]) + abs(goal[1] - start[1])})
+    return Problem(
+        {
+            "grid": ["...", "...", "..."],
+            "start": list(start),
+            "goal": list(goal),
+            "shortest": abs(goal[0] - start[0]) + abs(goal[1] - start[1]),
+        }
+    )
 
 
 def test_the_best_constant_is_the_answer_that_solves_most_problems():
@@ -33,9 +40,13 @@ def test_the_verdict_compares_with_the_best_constant_answer():
     assert "better after training" in plain and "constant" not in plain
     below = verdict(before, after, {"answer": "Moves: L", "success": 0.156, "ci": [0.087, 0.264]})
     assert "better after training" in below and "not clearly above" in below and "Moves: L" in below
-    above = verdict(before, {"success": 0.5, "ci": [0.38, 0.62]}, {"answer": "Moves: L", "success": 0.156, "ci": [0.087, 0.264]})
+    above = verdict(
+        before, {"success": 0.5, "ci": [0.38, 0.62]}, {"answer": "Moves: L", "success": 0.156, "ci": [0.087, 0.264]}
+    )
     assert "above the best constant answer" in above and "not clearly" not in above
-    flat = verdict(before, {"success": 0.03, "ci": [0.01, 0.1]}, {"answer": "Moves: L", "success": 0.156, "ci": [0.087, 0.264]})
+    flat = verdict(
+        before, {"success": 0.03, "ci": [0.01, 0.1]}, {"answer": "Moves: L", "success": 0.156, "ci": [0.087, 0.264]}
+    )
     assert "no clear change" in flat and "for comparison, the best constant answer ('Moves: L'" in flat
 
 
@@ -44,19 +55,22 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
     no higher than the stored best constant; the verdict names that constant."""
     from conftest import ROOT
     from fakes import FakeBackend, FakeEngine
-    from mas_lab.config import load_task
-    from mas_lab.controller import Controller
-    from mas_lab.store import RunStore
 
-    task = load_task(ROOT / "tasks" / "plan_path_learns.yaml", ["policies.shared.model=tiny-test", "train.eval_problems=32"])
-    controller = Controller(task, FakeBackend(FakeEngine(lambda c, n: "Moves: L")), RunStore(tmp_path / "run.db"))
-    metrics = controller.evaluate(0)
-    best = controller.constant
+    from mas_lab.config import load_task
+    from mas_lab.store import RunStore
+    from mas_lab.trainer import Trainer
+
+    task = load_task(
+        ROOT / "tasks" / "plan_path_learns.yaml", ["policies.shared.model=tiny-test", "train.eval_problems=32"]
+    )
+    trainer = Trainer(task, FakeBackend(FakeEngine(lambda c, n: "Moves: L")), RunStore(tmp_path / "run.db"))
+    metrics = trainer.evaluate(0)
+    best = trainer.constant
     assert metrics["eval/distinct_answers"] == 1.0
     assert best.problems == 32 and metrics["eval/constant_success"] == best.success
     assert metrics["eval/success_rate"] <= best.success
     assert metrics["eval/constant_ci_low"] <= best.success <= metrics["eval/constant_ci_high"]
-    summary = controller.summary()
+    summary = trainer.summary()
     assert summary["constant"]["answer"] == best.answer
 
 
@@ -64,13 +78,156 @@ def test_the_reading_baseline_copies_the_letters_the_observation_states():
     import random
 
     from conftest import load_benchmark
+
     from mas_lab.envs.plan_path import PlanPathEnv
 
     reading = load_benchmark("reading_baseline")
-    answers = reading.reading_answers("S (you) is at row 2, col 0; G is at row 0, col 1. G is 2 rows up (U U) and "
-                                      "1 column right (R) of S.\nMoves: U (row-1), D (row+1), L (col-1), R (col+1).")
+    answers = reading.reading_answers(
+        "S (you) is at row 2, col 0; G is at row 0, col 1. G is 2 rows up (U U) and "
+        "1 column right (R) of S.\nMoves: U (row-1), D (row+1), L (col-1), R (col+1)."
+    )
     assert answers == {"sentence 1": "Moves: U U R", "sentence 1 swapped": "Moves: R U U"}
-    problem = PlanPathEnv.draw_problem(random.Random(2), {"size": 3, "wall_prob": 0.0, "min_distance": 1})
-    env = PlanPathEnv(problem, {"size": 3, "wall_prob": 0.0, "min_distance": 1})
+    params = {"size": 3, "wall_prob": 0.0, "min_distance": 1, "hint": "letters"}
+    problem = PlanPathEnv.draw_problem(random.Random(2), params)
+    env = PlanPathEnv(problem, params)
     stated = reading.reading_answers(env.observe("planner", 0))["sentence 1"]
     assert env.step("planner", 0, stated).components["value"] == 1.0  # no walls: the straight way arrives
+
+
+def _plan_path(grid, start, goal):
+    from mas_lab.envs.base import Problem
+    from mas_lab.envs.plan_path import PlanPathEnv, distances
+
+    problem = Problem(
+        {
+            "grid": grid,
+            "start": list(start),
+            "goal": list(goal),
+            "shortest": distances(grid, tuple(goal))[start[0]][start[1]],
+        }
+    )
+    return PlanPathEnv, problem, PlanPathEnv.Params(size=len(grid), min_distance=1)
+
+
+def test_the_reading_rules_on_hand_made_grids():
+    """Rows first walks into the wall; either order goes round it by columns first; a wall that both
+    straight ways meet needs a detour (the hard split), which only the optimum and stepping find."""
+    from mas_lab.baselines import MOVE_RULES, play_rule, rule_results
+
+    rules = {r.name: r for r in MOVE_RULES}
+    env_cls, blocked_rows, params = _plan_path([".#.", "...", "..."], (0, 0), (1, 1))
+    assert play_rule(env_cls, blocked_rows, params, rules["rows_first"], 2) == (True, 2)  # D R: no wall in the way
+    env_cls, corner, params = _plan_path(["...", "#..", "..."], (0, 0), (1, 1))
+    assert play_rule(env_cls, corner, params, rules["rows_first"], 2)[0] is False  # D hits the wall
+    assert play_rule(env_cls, corner, params, rules["either_order"], 2) == (True, 2)  # R D
+    env_cls, detour, params = _plan_path([".#.", ".#.", "..."], (0, 0), (0, 2))
+    results = rule_results(env_cls, params, [corner, detour], max_turns=2)
+    assert results.solved["either_order"] == [True, False] and results.hard == [False, True]
+    assert results.solved["optimum"] == [True, True] and results.moves["optimum"] == [2, 6]
+    assert results.solved["one_step"] == [True, False]  # one move a turn: two turns are too few for the detour
+
+
+def test_the_reading_rules_reproduce_the_issue_table_on_the_sample_runs_problems():
+    """The held-out problems of `make run` (seed 0, 64): rows first 55, either order 63, one step a
+    turn for two turns 45, as measured from the stores; one problem needs a detour."""
+    from conftest import ROOT
+
+    from mas_lab.baselines import rule_results
+    from mas_lab.config import load_task
+    from mas_lab.envs import ENVS, ProblemPool
+
+    task = load_task(ROOT / "tasks" / "plan_path_learns.yaml")
+    env_cls = ENVS["plan_path"]
+    pool = ProblemPool(env_cls, task.env.params, 0, 64)
+    results = rule_results(env_cls, pool.params, pool.eval_set, task.env.max_turns)
+    assert {name: sum(s) for name, s in results.solved.items()} == {
+        "rows_first": 55,
+        "either_order": 63,
+        "one_step": 45,
+        "optimum": 64,
+    }
+    assert sum(results.hard) == 1
+
+
+def test_the_sokoban_push_rule_solves_an_open_room_and_fails_round_a_wall():
+    from mas_lab.baselines import MOVE_RULES, play_rule
+    from mas_lab.envs import SokobanEnv
+    from mas_lab.envs.base import Problem
+
+    rules = {r.name: r for r in MOVE_RULES}
+    grid = ["######", "#....#", "#....#", "#....#", "#....#", "######"]
+    # box at (2, 2), target (4, 2): walk behind the box (row 1) and push down twice
+    open_room = Problem({"grid": grid, "player": [1, 1], "boxes": [[2, 2]], "targets": [[4, 2]], "optimal": 0})
+    params = SokobanEnv.Params()
+    assert play_rule(SokobanEnv, open_room, params, rules["rows_first"], 1)[0]
+    walled = Problem(
+        {
+            "grid": ["######", "#....#", "#.#..#", "#....#", "#....#", "######"],
+            "player": [1, 1],
+            "boxes": [[3, 2]],
+            "targets": [[4, 2]],
+            "optimal": 0,
+        }
+    )
+    assert not play_rule(SokobanEnv, walled, params, rules["rows_first"], 1)[0]  # the wall stands between
+    assert play_rule(SokobanEnv, walled, params, rules["optimum"], 1)[0]
+
+
+def test_an_evaluation_stores_the_reading_rules_and_the_hard_split(tmp_path):
+    """Beside the constant answer, every evaluation of a move game stores each reading rule's success
+    with its interval, the optimum's move count and the hard split (extra hard problems when
+    train.hard_eval_problems is set); the summary's verdict names the rules in words."""
+    from conftest import ROOT
+    from fakes import FakeBackend, FakeEngine
+
+    from mas_lab.config import load_task
+    from mas_lab.store import RunStore
+    from mas_lab.trainer import Trainer
+
+    task = load_task(
+        ROOT / "tasks" / "plan_path.yaml",
+        ["policies.shared.model=tiny-test", "train.eval_problems=16", "train.hard_eval_problems=8", "train.steps=0"],
+    )
+    trainer = Trainer(task, FakeBackend(FakeEngine(lambda c, n: "Moves: L")), RunStore(tmp_path / "run.db"))
+    metrics = trainer.evaluate(0)
+    for name in ("rows_first", "either_order", "one_step", "optimum"):
+        low, high = metrics[f"eval/rule/{name}_ci_low"], metrics[f"eval/rule/{name}_ci_high"]
+        assert low <= metrics[f"eval/rule/{name}"] <= high
+    assert metrics["eval/rule/optimum"] == 1.0 and metrics["eval/optimum_moves"] >= 2
+    assert metrics["eval/hard/problems"] == 8 and metrics["eval/hard/rule/either_order"] == 0.0
+    assert len(trainer.store.episode_indices(0, "eval")) == 16 + 8
+    assert (
+        metrics["eval/success_rate"]
+        == sum(
+            e["success"] for e in trainer.store.rows("SELECT success FROM episodes WHERE kind = 'eval' AND idx < 16")
+        )
+        / 16
+    )
+    from mas_lab.baselines import RULE_LABELS
+    from mas_lab.reporting import baselines_from_metrics, rules_verdict
+
+    baselines = baselines_from_metrics(metrics, RULE_LABELS)
+    said = rules_verdict(
+        {
+            "success": metrics["eval/success_rate"],
+            "ci": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
+        },
+        baselines,
+    )
+    assert said.split("; ")[-1].startswith("below") and said.endswith("and the BFS optimum (1.000)")
+    assert "the best constant answer" in said
+
+
+def test_rules_verdict_words():
+    from mas_lab.reporting import rules_verdict
+
+    rules = {
+        "constant": {"label": "the best constant answer", "success": 0.15, "ci": [0.09, 0.26]},
+        "rows_first": {"label": "the rows-first reading rule", "success": 0.9, "ci": [0.80, 0.95]},
+        "one_step": {"label": "one legal move toward the goal per turn", "success": 0.70, "ci": [0.58, 0.80]},
+    }
+    said = rules_verdict({"success": 0.688, "ci": [0.566, 0.788]}, rules)
+    assert said == (
+        "above the best constant answer (0.150); level with one legal move toward the goal per turn "
+        "(0.700); below the rows-first reading rule (0.900)"
+    )

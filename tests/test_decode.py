@@ -1,4 +1,5 @@
 """The engine's sampling loop (rollout/decode.py): one prefill per prompt, per-candidate seeds."""
+
 import torch
 
 from mas_lab.config import Sampling
@@ -7,7 +8,10 @@ from mas_lab.rollout import decode
 from mas_lab.rollout.engine import HFEngine
 
 SHORT = [{"role": "user", "content": "write a"}]
-LONG = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a much longer prompt, please answer it"}]
+LONG = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "a much longer prompt, please answer it"},
+]
 
 
 def engine() -> HFEngine:
@@ -23,9 +27,14 @@ def test_greedy_equals_transformers_generate():
     rows = eng.generate("shared", [SHORT, LONG], 1, Sampling(temperature=0.0, max_new_tokens=12), seed=0)
     for messages, row in zip([SHORT, LONG], rows):
         ids = eng.encode(messages)
-        out = eng.model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=12, eos_token_id=sorted(eng.eos_ids),
-                                 pad_token_id=eng.tokenizer.pad_token_id)[0, len(ids):].tolist()
+        out = eng.model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=12,
+            eos_token_id=sorted(eng.eos_ids),
+            pad_token_id=eng.tokenizer.pad_token_id,
+        )[0, len(ids) :].tolist()
         expected = next((out[: i + 1] for i, t in enumerate(out) if t in eng.eos_ids), out)
         assert row[0].response_ids == expected
 
@@ -56,7 +65,9 @@ def test_rows_stop_at_a_stop_token_or_at_the_budget():
 
 def test_inverse_cdf_sampling_follows_the_distribution():
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2]] * 20000)
-    picked = decode._inverse_cdf(probs, torch.rand(20000, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    picked = decode._inverse_cdf(
+        probs, torch.rand(20000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    )
     freq = torch.bincount(picked, minlength=4).double() / 20000
     assert freq[1] == 0.0  # probability zero is never drawn
     assert torch.allclose(freq, torch.tensor([0.5, 0.0, 0.3, 0.2], dtype=torch.float64), atol=0.015)
@@ -75,8 +86,9 @@ def test_identical_prompts_are_prefilled_once_and_sample_as_if_apart():
     eng = engine()
     sampling = Sampling(temperature=1.0, max_new_tokens=10)
     widths = []
-    hook = eng.model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape),
-                                               with_kwargs=True)
+    hook = eng.model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
     try:
         together = eng.generate("shared", [LONG, LONG, SHORT, LONG], 2, sampling, seed=3)
     finally:
@@ -111,8 +123,14 @@ def test_sampling_with_the_reserved_cache_equals_sampling_with_concatenation(mon
 
     eng = HFEngine(resolve("tiny-test"), threads=1)
     prompts = [eng.encode([{"role": "user", "content": text}]) for text in ("write a", "say b please", "c")]
-    args = dict(temperature=1.0, top_p=1.0, max_new_tokens=24, stop_ids=eng.eos_ids | {eng.tokenizer.convert_tokens_to_ids("a")},
-                pad_id=eng.tokenizer.pad_token_id, seed=7)
+    args = dict(
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=24,
+        stop_ids=eng.eos_ids | {eng.tokenizer.convert_tokens_to_ids("a")},
+        pad_id=eng.tokenizer.pad_token_id,
+        seed=7,
+    )
     reserved = decode.sample(eng.model, prompts, 4, **args)
     monkeypatch.setattr(decode, "RESERVED_CACHE", False)
     concatenated = decode.sample(eng.model, prompts, 4, **args)
@@ -120,5 +138,5 @@ def test_sampling_with_the_reserved_cache_equals_sampling_with_concatenation(mon
     assert len(lengths) > 1  # some rows stopped early: the cache lost rows on the way
     for row, other in zip(reserved, concatenated):
         for a, b in zip(row, other):
-            assert a.tokens == b.tokens and a.stopped == b.stopped
+            assert a.tokens == b.tokens and a.truncated == b.truncated
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5

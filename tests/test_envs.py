@@ -1,4 +1,5 @@
 """Environments: Plan-Path generator, solver, rewards and parsing; disjoint train/eval pools."""
+
 import random
 
 import pytest

@@ -1,14 +1,18 @@
 """`mas-lab eval`: deterministic with a seed, loads checkpoints, switches mode and swaps policies."""
+
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from mas_lab.store import RunStore
-
+import pytest
 from conftest import ROOT
 
+from mas_lab.store import RunStore
+
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
+
+pytestmark = [pytest.mark.integration]
 
 
 def cli(*args, cwd):
@@ -37,24 +41,50 @@ def test_eval_of_a_checkpoint_reproduces_the_training_runs_final_eval(tmp_path):
     _, trained = cli("run", ROOT / "tasks" / "toy_lora.yaml", "--set", "train.steps=6", "--no-ray", cwd=tmp_path)
     run_dir = tmp_path / trained["run_dir"]
     final = RunStore(run_dir / "run.db").metrics(6)[6]
-    _, evaluated = cli("eval", ROOT / "tasks" / "toy_lora.yaml", "--checkpoint", run_dir / "checkpoints" / "step-000006",
-                       "--no-ray", cwd=tmp_path)
+    _, evaluated = cli(
+        "eval",
+        ROOT / "tasks" / "toy_lora.yaml",
+        "--checkpoint",
+        run_dir / "checkpoints" / "step-000006",
+        "--no-ray",
+        cwd=tmp_path,
+    )
     assert evaluated["success_rate"] == final["eval/success_rate"] == trained["eval_after"]
     assert evaluated["team_reward"] == final["eval/team_reward"]
     _, untrained = cli("eval", ROOT / "tasks" / "toy_lora.yaml", "--no-ray", cwd=tmp_path)
     assert untrained["success_rate"] == trained["eval_before"]
     # the paper's swap ablation and the single-agent view of the same checkpoint run too
-    proc, swapped = cli("eval", ROOT / "tasks" / "toy_lora.yaml", "--checkpoint", run_dir / "checkpoints" / "step-000006",
-                        "--swap-policies", "--no-ray", cwd=tmp_path)
+    proc, swapped = cli(
+        "eval",
+        ROOT / "tasks" / "toy_lora.yaml",
+        "--checkpoint",
+        run_dir / "checkpoints" / "step-000006",
+        "--swap-policies",
+        "--no-ray",
+        cwd=tmp_path,
+    )
     assert "first (second)" in proc.stdout and "second (first)" in proc.stdout
-    proc, single = cli("eval", ROOT / "tasks" / "toy_lora.yaml", "--checkpoint", run_dir / "checkpoints" / "step-000006",
-                       "--mode", "single_agent", "--no-ray", cwd=tmp_path)
+    proc, single = cli(
+        "eval",
+        ROOT / "tasks" / "toy_lora.yaml",
+        "--checkpoint",
+        run_dir / "checkpoints" / "step-000006",
+        "--mode",
+        "single_agent",
+        "--no-ray",
+        cwd=tmp_path,
+    )
     assert "solver (second)" in proc.stdout
 
 
 def test_eval_of_a_checkpoint_without_the_policy_fails_clearly(tmp_path):
     folder = tmp_path / "ckpt" / "policies" / "other"
     folder.mkdir(parents=True)
-    proc = subprocess.run([MAS_LAB, "eval", ROOT / "tasks" / "toy.yaml", "--checkpoint", tmp_path / "ckpt", "--no-ray"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [MAS_LAB, "eval", ROOT / "tasks" / "toy.yaml", "--checkpoint", tmp_path / "ckpt", "--no-ray"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "no saved policy ['shared']" in proc.stderr

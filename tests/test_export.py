@@ -1,4 +1,5 @@
 """Export: records that datasets-style readers load, and policies that from_pretrained loads."""
+
 import json
 import subprocess
 import sys
@@ -6,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from mas_lab.store import RunStore
-
-from conftest import ROOT
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 
@@ -21,14 +21,19 @@ def cli(*args, cwd):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("export")
-    out = {}
-    for task in ("toy.yaml", "toy_lora.yaml"):
-        proc = cli("run", ROOT / "tasks" / task, "--no-ray", "--set", "train.steps=2", "--set", "resources.torch_threads=1",
-                   cwd=cwd)
-        out[task] = cwd / json.loads(proc.stdout.splitlines()[-1])["run_dir"]
-    return cwd, out
+def runs(toy_run):
+    """The session's toy run (a full policy)."""
+    cwd, run_dir, _ = toy_run
+    return cwd, {"toy.yaml": run_dir}
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A toy run with one LoRA adapter per role."""
+    cwd = tmp_path_factory.mktemp("export-lora")
+    args = ["--no-ray", "--set", "train.steps=2", "--set", "resources.torch_threads=1"]
+    proc = cli("run", ROOT / "tasks" / "toy_lora.yaml", *args, cwd=cwd)
+    return cwd, cwd / json.loads(proc.stdout.splitlines()[-1])["run_dir"]
 
 
 def test_jsonl_and_parquet_hold_every_candidate_with_its_messages_and_logprobs(runs):
@@ -37,18 +42,31 @@ def test_jsonl_and_parquet_hold_every_candidate_with_its_messages_and_logprobs(r
     cwd, found = runs
     run_dir = found["toy.yaml"]
     store = RunStore(run_dir / "run.db", create=False)
-    total = store.rows("SELECT COUNT(*) AS n FROM candidates c JOIN turns t ON c.turn_id = t.id JOIN episodes e"
-                       " ON t.episode_id = e.id WHERE e.kind = 'train'")[0]["n"]
+    total = store.rows(
+        "SELECT COUNT(*) AS n FROM candidates c JOIN turns t ON c.turn_id = t.id JOIN episodes e"
+        " ON t.episode_id = e.id WHERE e.kind = 'train'"
+    )[0]["n"]
     cli("export", run_dir, "-o", cwd / "all.jsonl", cwd=cwd)
     rows = [json.loads(line) for line in (cwd / "all.jsonl").read_text().splitlines()]
     assert len(rows) == total > 0
     for r in rows:
         assert r["messages"][-1] == {"role": "assistant", "content": r["response"]}
         assert r["messages"][-2]["content"] == r["observation"] and len(r["logprobs"]) == r["response_tokens"]
-        assert {"step", "role", "turn", "reward", "team", "local", "components", "advantage", "chosen", "policy"} <= set(r)
+        assert {
+            "step",
+            "role",
+            "turn",
+            "reward",
+            "team",
+            "local",
+            "components",
+            "advantage",
+            "chosen",
+            "policy",
+        } <= set(r)
     cli("export", run_dir, "-o", cwd / "late.parquet", "--format", "parquet", "--steps", "2:", cwd=cwd)
     table = pq.read_table(cwd / "late.parquet").to_pylist()
-    assert len(table) == sum(r["step"] >= 2 for r in rows) and {r["step"] for r in table} == {2}
+    assert len(table) == sum(r["step"] >= 2 for r in rows) and {r["step"] for r in table} == {2, 3}
     assert table[0]["messages"][-1]["role"] == "assistant" and json.loads(table[0]["components"])
     cli("export", run_dir, "-o", cwd / "eval.jsonl", "--kind", "eval", "--chosen-only", cwd=cwd)
     chosen = [json.loads(line) for line in (cwd / "eval.jsonl").read_text().splitlines()]
@@ -70,18 +88,21 @@ def test_a_full_policy_exports_as_a_folder_from_pretrained_loads(runs):
     assert saved and all(torch.equal(state[k], v) for k, v in saved.items())
 
 
-def test_a_lora_policy_exports_merged_or_as_an_adapter_with_the_same_outputs(runs):
+@pytest.mark.integration
+def test_a_lora_policy_exports_merged_or_as_an_adapter_with_the_same_outputs(lora_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from mas_lab.models import resolve
 
-    cwd, found = runs
-    checkpoint = sorted((found["toy_lora.yaml"] / "checkpoints").glob("step-*"))[-1]
+    cwd, run_dir = lora_run
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
     cli("export-policy", checkpoint, "first", cwd / "merged", cwd=cwd)
     cli("export-policy", checkpoint, "first", cwd / "adapter", "--adapter", cwd=cwd)
     merged = AutoModelForCausalLM.from_pretrained(cwd / "merged").eval()
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(resolve("tiny-test")), cwd / "adapter").eval()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(resolve("tiny-test")), cwd / "adapter"
+    ).eval()
     ids = torch.tensor([[2, 10, 20, 30, 40, 3]])
     with torch.no_grad():
         assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-5)
@@ -92,10 +113,14 @@ def test_a_lora_policy_exports_merged_or_as_an_adapter_with_the_same_outputs(run
 
 def test_a_missing_policy_says_which_there_are(runs, tmp_path):
     cwd, found = runs
-    checkpoint = sorted((found["toy_lora.yaml"] / "checkpoints").glob("step-*"))[-1]
-    proc = subprocess.run([MAS_LAB, "export-policy", str(checkpoint), "shared", str(tmp_path / "x")], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2 and "['first', 'second']" in proc.stderr
+    checkpoint = sorted((found["toy.yaml"] / "checkpoints").glob("step-*"))[-1]
+    proc = subprocess.run(
+        [MAS_LAB, "export-policy", str(checkpoint), "first", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "['shared']" in proc.stderr
 
 
 def test_plot_writes_a_png_per_chart(runs):
@@ -106,3 +131,45 @@ def test_plot_writes_a_png_per_chart(runs):
     for path in out:
         data = Path(cwd / path if not Path(path).is_absolute() else path).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_export_reads_the_format_from_the_suffix_and_refuses_what_it_cannot_do(runs, tmp_path):
+    """`-o x.parquet` wrote JSON lines; an existing file was replaced silently; an unwritable target
+    gave a traceback; a range with no steps said "0 records". Each is one line and exit 2 now, and
+    the two formats hold the same fields: problem and components as JSON text in both, eval rows
+    with null advantage and log-probs, and whether each candidate's group reached the learner."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from mas_lab.cli import app
+
+    _, found = runs
+    run_dir = str(found["toy.yaml"])
+    invoke = lambda *args: CliRunner().invoke(app, ["export", run_dir, *map(str, args)])  # noqa: E731
+    assert invoke("-o", tmp_path / "a.parquet").exit_code == 0
+    assert pq.read_table(tmp_path / "a.parquet").num_rows > 0  # Parquet, from the suffix
+    again = invoke("-o", tmp_path / "a.parquet")
+    assert again.exit_code == 2 and "exists; add --force" in again.output
+    assert invoke("-o", tmp_path / "a.parquet", "--force").exit_code == 0
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for bad, said in (
+        (tmp_path / "x.csv", "cannot tell the format"),
+        (blocker / "x.jsonl", "not a writable folder"),
+        (tmp_path / "x.jsonl", "the suffix says jsonl"),
+    ):
+        result = invoke(
+            "-o", bad, *(["--format", "parquet"] if bad.name == "x.jsonl" and bad.parent == tmp_path else [])
+        )
+        assert result.exit_code == 2 and said in result.output, result.output
+    empty = invoke("-o", tmp_path / "none.jsonl", "--steps", "500:600")
+    assert empty.exit_code == 2 and "nothing written" in empty.output and not (tmp_path / "none.jsonl").exists()
+    assert invoke("-o", tmp_path / "t.jsonl").exit_code == 0
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    table = pq.read_table(tmp_path / "a.parquet").to_pylist()
+    assert set(lines[0]) == set(table[0]) and lines[0]["components"] == table[0]["components"]
+    assert isinstance(lines[0]["problem"], str) and json.loads(lines[0]["problem"]) == json.loads(table[0]["problem"])
+    assert all(r["group_kept"] in (True, False) for r in lines)
+    assert invoke("-o", tmp_path / "e.jsonl", "--kind", "eval").exit_code == 0
+    evals = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert evals and all(r["advantage"] is None and r["logprobs"] is None and r["group_kept"] is None for r in evals)

@@ -1,4 +1,5 @@
 """What the learner optimises is what the sampler sampled (learning issue, section 1)."""
+
 import torch
 
 from mas_lab.config import Algorithm, Sampling
@@ -8,14 +9,18 @@ from mas_lab.learner.samples import Sample
 from mas_lab.models import resolve
 from mas_lab.rollout.engine import HFEngine, stop_ids
 
-PROMPTS = [[{"role": "user", "content": "write a"}], [{"role": "system", "content": "be brief"},
-                                                      {"role": "user", "content": "a longer prompt, please answer"}]]
+PROMPTS = [
+    [{"role": "user", "content": "write a"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a longer prompt, please answer"}],
+]
 
 
 def sampled(temperature: float, top_p: float):
     folder = resolve("tiny-test")
     engine = HFEngine(folder, threads=1)
-    rows = engine.generate("shared", PROMPTS, 3, Sampling(temperature=temperature, top_p=top_p, max_new_tokens=16), seed=3)
+    rows = engine.generate(
+        "shared", PROMPTS, 3, Sampling(temperature=temperature, top_p=top_p, max_new_tokens=16), seed=3
+    )
     learner = Learner(folder, Algorithm(), threads=1)
     return [g for row in rows for g in row], learner
 
@@ -67,8 +72,10 @@ def test_shared_prompt_forward_equals_the_full_sequence_forward_values_and_gradi
 
 def test_the_update_reports_the_rollout_training_mismatch():
     generations, learner = sampled(0.7, 0.9)
-    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
-               for i, g in enumerate(generations)]
+    samples = [
+        Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
+        for i, g in enumerate(generations)
+    ]
     result = learner.update({"shared": samples})["shared"]
     assert 0.0 <= result["mismatch_abs"] < 1e-4 and 0.0 <= result["mismatch_kl"] < 1e-6
     without = learner.update({"shared": [Sample(s.prompt_ids, s.response_ids, s.advantage) for s in samples]})["shared"]
@@ -77,7 +84,9 @@ def test_the_update_reports_the_rollout_training_mismatch():
 
 def test_greedy_candidates_carry_no_logprobs():
     folder = resolve("tiny-test")
-    rows = HFEngine(folder, threads=1).generate("shared", PROMPTS, 1, Sampling(temperature=0.0, max_new_tokens=8), seed=0)
+    rows = HFEngine(folder, threads=1).generate(
+        "shared", PROMPTS, 1, Sampling(temperature=0.0, max_new_tokens=8), seed=0
+    )
     assert all(g.logprobs == [] for row in rows for g in row)
 
 
@@ -105,8 +114,10 @@ def test_kl_to_the_initial_policy_starts_at_zero_grows_and_survives_a_checkpoint
     generations, learner = sampled(0.7, 0.9)
     learner.algo = Algorithm(lr=1e-2, kl_probe=4)
     learner.optimizers["shared"].param_groups[0]["lr"] = 1e-2
-    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
-               for i, g in enumerate(generations)]
+    samples = [
+        Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
+        for i, g in enumerate(generations)
+    ]
     first = learner.update({"shared": samples})["shared"]
     assert first["kl_initial"] == 0.0  # the probe is taken before the first update
     assert first["ratio_mean"] == 1.0 and first["ratio_min"] == first["ratio_max"] == 1.0  # one epoch: on-policy
@@ -149,8 +160,10 @@ def test_truncated_importance_sampling_weights_each_token_by_the_capped_ratio():
 
 def test_the_learner_applies_and_reports_truncated_importance_sampling():
     generations, learner = sampled(1.0, 1.0)
-    shifted = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 1.0, tuple(lp - 0.5 for lp in g.logprobs))
-               for i, g in enumerate(generations)]  # a sampler that put less mass on its tokens: ratio e^0.5 > cap
+    shifted = [
+        Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 1.0, tuple(lp - 0.5 for lp in g.logprobs))
+        for i, g in enumerate(generations)
+    ]  # a sampler that put less mass on its tokens: ratio e^0.5 > cap
     learner.algo = Algorithm(tis_cap=1.2, lr=1e-9)
     result = learner.update({"shared": shifted})["shared"]
     assert abs(result["tis_weight_mean"] - 1.2) < 1e-4 and result["tis_capped_frac"] == 1.0
@@ -158,33 +171,38 @@ def test_the_learner_applies_and_reports_truncated_importance_sampling():
     assert "tis_weight_mean" not in learner.update({"shared": shifted})["shared"]
 
 
-SYSTEM = ("You are the planner. Solve the task. End with one line 'Moves:' followed by your moves, one letter "
-          "each (U, D, L or R).")
-ROLE_PROMPTS = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-                for text in ("Grid: .G. / ..S", "Grid: S.. / ... / ..G, G is 2 rows down", "Grid: G S")]
+SYSTEM = (
+    "You are the planner. Solve the task. End with one line 'Moves:' followed by your moves, one letter "
+    "each (U, D, L or R)."
+)
+ROLE_PROMPTS = [
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+    for text in ("Grid: .G. / ..S", "Grid: S.. / ... / ..G, G is 2 rows down", "Grid: G S")
+]
 
 
 def _prefilled_tokens(model) -> list[int]:
     """Token counts of each forward call of `model` (a hook), to see what was prefilled."""
     counts: list[int] = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: counts.append(kwargs["input_ids"].numel()),
-                                    with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: counts.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
     return counts
 
 
 def test_a_shared_prefix_is_prefilled_once_and_samples_the_same_tokens(monkeypatch):
-    from mas_lab.rollout import decode
+    from mas_lab import prefill
 
     folder = resolve("tiny-test")
     engine = HFEngine(folder, threads=1)
     encoded = [tuple(engine.encode(p)) for p in ROLE_PROMPTS]
-    shared = decode.shared_prefix(encoded)
-    assert shared >= decode.MIN_SHARED_PREFIX and all(p[:shared] == encoded[0][:shared] for p in encoded)
+    shared = prefill.shared_prefix(encoded)
+    assert shared >= prefill.MIN_SHARED_PREFIX and all(p[:shared] == encoded[0][:shared] for p in encoded)
     counts = _prefilled_tokens(engine.model)
     sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=12)
     rows = engine.generate("shared", ROLE_PROMPTS, 3, sampling, seed=5)
     assert counts[0] == shared and counts[1] == 3 * max(len(p) - shared for p in encoded)  # prefix once, then the rest
-    monkeypatch.setattr(decode, "MIN_SHARED_PREFIX", 10**6)  # every prompt whole, as before
+    monkeypatch.setattr(prefill, "MIN_SHARED_PREFIX", 10**6)  # every prompt whole, as before
     counts.clear()
     plain = engine.generate("shared", ROLE_PROMPTS, 3, sampling, seed=5)
     assert counts[0] == 3 * max(map(len, encoded))
@@ -198,8 +216,10 @@ def test_the_learner_computes_a_shared_prefix_once_with_the_same_logprobs_and_gr
     folder = resolve("tiny-test")
     engine = HFEngine(folder, threads=1)
     rows = engine.generate("shared", ROLE_PROMPTS, 2, Sampling(temperature=0.7, max_new_tokens=10), seed=2)
-    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
-               for i, g in enumerate(g for row in rows for g in row)]
+    samples = [
+        Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7, tuple(g.logprobs))
+        for i, g in enumerate(g for row in rows for g in row)
+    ]
     learner = Learner(folder, Algorithm(micro_batch=6), threads=1)
     (batch,) = learner._micro_batches(samples)
     assert batch.prefix_ids.numel() >= 16 and batch.prompt_ids.shape[0] == 3
@@ -216,3 +236,62 @@ def test_the_learner_computes_a_shared_prefix_once_with_the_same_logprobs_and_gr
     grad_shared = torch.autograd.grad(sum(r.sum() for r in got), params)
     grad_full = torch.autograd.grad(sum(r.sum() for r in full_sequence_logp(learner, order)), params)
     assert max(float((a - b).abs().max()) for a, b in zip(grad_shared, grad_full)) < 1e-4
+
+
+def test_two_mini_batches_take_two_optimizer_steps_and_the_clip_binds():
+    """PPO mini-batches (algorithm.mini_batches): the second mini-batch sees the policy the first moved,
+    so its ratio leaves 1 and, with a large step, the clip binds (one mini-batch: ratio exactly 1)."""
+    generations, learner = sampled(0.7, 0.9)
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7) for i, g in enumerate(generations)]
+    learner.algo = Algorithm(lr=5e-2, mini_batches=2)
+    learner.optimizers["shared"].param_groups[0]["lr"] = 5e-2
+    steps_before = _adam_steps(learner)
+    out = learner.update({"shared": samples})["shared"]
+    assert _adam_steps(learner) == steps_before + 2
+    assert out["clip_frac"] > 0 and (out["ratio_min"] < 1.0 - 0.2 or out["ratio_max"] > 1.0 + 0.2)
+    _, single = sampled(0.7, 0.9)
+    single.algo = Algorithm(lr=5e-2)
+    one = single.update({"shared": samples})["shared"]
+    assert one["clip_frac"] == 0.0 and one["ratio_min"] == one["ratio_max"] == 1.0
+
+
+def _adam_steps(learner) -> int:
+    state = learner.optimizers["shared"].state
+    return int(max((float(v["step"]) for v in state.values()), default=0))
+
+
+def test_the_kl_penalty_gradient_by_hand():
+    """k3 per token, exp(ref - logp) - (ref - logp) - 1; its gradient in logp is 1 - exp(ref - logp),
+    divided by the normalizer; zero where the policy equals the reference."""
+    from mas_lab.algo.loss import kl_penalty
+
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9]])).requires_grad_(True)
+    ref = torch.log(torch.tensor([[0.25, 0.2, 0.3]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding
+    penalty, total = kl_penalty(logp, ref, mask, normalizer=2.0)
+    r = torch.tensor([0.25 / 0.5, 1.0])
+    expected = (r - torch.log(r) - 1).sum() / 2
+    assert torch.allclose(penalty, expected) and abs(total - float(expected * 2)) < 1e-6
+    (grad,) = torch.autograd.grad(penalty, logp)
+    assert torch.allclose(grad, torch.tensor([[(1 - 0.5) / 2, 0.0, 0.0]]))
+
+
+def test_the_kl_penalty_pulls_towards_the_initial_policy_and_survives_a_checkpoint(tmp_path):
+    """With kl_coef the learner keeps the policy RL started from and reports the penalty (0 at the
+    first update, where the policy is the reference); a checkpoint holds the reference, so a
+    restored learner's next update is the same as the original's."""
+    generations, learner = sampled(0.7, 0.9)
+    algo = Algorithm(lr=1e-2, kl_coef=0.5)
+    learner.algo = algo
+    learner.optimizers["shared"].param_groups[0]["lr"] = 1e-2
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7) for i, g in enumerate(generations)]
+    first = learner.update({"shared": samples})["shared"]
+    assert first["kl_penalty"] == 0.0
+    learner.save("shared", str(tmp_path / "ckpt"))
+    restored = Learner(resolve("tiny-test"), algo, threads=1)
+    restored.load("shared", str(tmp_path / "ckpt"))
+    a = learner.update({"shared": samples})["shared"]
+    b = restored.update({"shared": samples})["shared"]
+    assert a["kl_penalty"] > 0 and a["kl_penalty"] == b["kl_penalty"] and a["loss"] == b["loss"]
+    with torch.no_grad():  # the reference stayed where RL started
+        assert not torch.equal(next(learner.model.parameters()), next(learner.kl_references["shared"].parameters()))

@@ -1,5 +1,6 @@
 """Sokoban and Sudoku: generators solvable (and unique where promised), seeds reproducible, the
 solver's answer earns full reward, known hacks earn nothing."""
+
 import random
 
 import pytest
@@ -79,3 +80,18 @@ def test_game_pools_keep_train_and_eval_disjoint():
         pool = ProblemPool(env_cls, params, seed=0, eval_size=10)
         hashes = {p.content_hash for p in pool.eval_set}
         assert len(hashes) == 10 and not hashes & {pool.train(i).content_hash for i in range(40)}
+
+
+def test_sudoku_shows_the_clues_and_a_wrong_answer_apart():
+    """After a wrong full answer the observation drew that answer under "Keep every given digit",
+    as if its digits were the clues; now the puzzle stays the clues and the answer is shown apart."""
+    problem = SudokuEnv.draw_problem(random.Random(3), {"size": 4})
+    env = SudokuEnv(problem, {"size": 4})
+    puzzle = [" ".join(str(v) if v else "." for v in row) for row in problem.data["puzzle"]]
+    wrong = [row[:] for row in problem.data["solution"]]
+    blank = next((r, c) for r, row in enumerate(problem.data["puzzle"]) for c, v in enumerate(row) if v == 0)
+    wrong[blank[0]][blank[1]] = wrong[blank[0]][blank[1]] % 4 + 1
+    env.step("planner", 0, "Grid:\n" + "\n".join(" ".join(map(str, row)) for row in wrong))
+    assert not env.success
+    clues = env.observe("planner", 1).split("Keep every given digit.\n")[1].split("\n")[:4]
+    assert clues == puzzle and "The last answer, not yet the solution:" in env.observe("planner", 1)

@@ -1,5 +1,6 @@
 """The core never imports textual (the dashboard is imported only inside the CLI commands that
 open it), checked by importing every core module in a fresh interpreter."""
+
 import subprocess
 import sys
 
@@ -26,8 +27,20 @@ def test_importing_every_core_module_loads_no_textual():
 
 def test_the_fake_backend_implements_the_backend_interface():
     from fakes import FakeBackend, FakeEngine
+
     from mas_lab.backend import Backend, PolicyBackend
 
     assert isinstance(FakeBackend(FakeEngine()), PolicyBackend)
-    assert all(callable(getattr(Backend, name)) for name in ("generate", "update", "sync_weights", "save_policies",
-                                                            "load_policies", "placement", "alive", "shutdown"))
+    assert all(
+        callable(getattr(Backend, name))
+        for name in (
+            "generate",
+            "update",
+            "sync_weights",
+            "save_policies",
+            "load_policies",
+            "placement",
+            "alive",
+            "shutdown",
+        )
+    )

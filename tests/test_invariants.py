@@ -1,14 +1,14 @@
-"""The invariants of AT_GRPO.md, pinned with the scripted engine and the toy env."""
-import pytest
+"""The invariants of docs/algorithm.md, pinned with the scripted engine and the toy env."""
 
+import pytest
+from conftest import ROOT
 from fakes import FakeBackend, FakeEngine
+
 from mas_lab.config import TaskConfig, load_task
-from mas_lab.controller import Controller, compute_advantages
 from mas_lab.envs import ProblemPool, ToyEnv
 from mas_lab.episodes import Episode, tree_rollout
 from mas_lab.store import RunStore
-
-from conftest import ROOT
+from mas_lab.trainer import Trainer, compute_advantages
 
 
 def rollout(task, engine, problems=3):
@@ -94,8 +94,8 @@ def test_6_samples_are_routed_only_to_their_role_policy(tmp_path):
     data["roles"][0]["policy"], data["roles"][1]["policy"] = "p_first", "p_second"
     task = TaskConfig.model_validate(data)
     backend = FakeBackend(FakeEngine())
-    controller = Controller(task, backend, RunStore(tmp_path / "run.db"))
-    controller.train_step(1)
+    trainer = Trainer(task, backend, RunStore(tmp_path / "run.db"))
+    trainer.train_step(1)
     samples = backend.updates[0]
     assert set(samples) == {"p_first", "p_second"}
     prompts_first = {tuple(s.prompt_ids) for s in samples["p_first"]}
@@ -109,8 +109,10 @@ def test_6_samples_are_routed_only_to_their_role_policy(tmp_path):
 def test_7_team_and_local_are_stored_separately_and_alpha_is_per_agent(tmp_path):
     task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=4", "roles.0.alpha=0.5", "roles.1.alpha=2.0"])
     store = RunStore(tmp_path / "run.db")
-    Controller(task, FakeBackend(FakeEngine()), store).train_step(1)
-    rows = store.rows("SELECT t.role, c.reward, c.team, c.local, c.components FROM candidates c JOIN turns t ON c.turn_id = t.id")
+    Trainer(task, FakeBackend(FakeEngine()), store).train_step(1)
+    rows = store.rows(
+        "SELECT t.role, c.reward, c.team, c.local, c.components FROM candidates c JOIN turns t ON c.turn_id = t.id"
+    )
     assert rows
     for row in rows:
         alpha = 0.5 if row["role"] == "first" else 2.0
@@ -121,16 +123,16 @@ def test_7_team_and_local_are_stored_separately_and_alpha_is_per_agent(tmp_path)
 
 def test_distinct_problems_per_step_even_when_the_generator_repeats(tmp_path):
     task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=2", "train.problems_per_step=6"])
-    controller = Controller(task, FakeBackend(FakeEngine()), RunStore(tmp_path / "run.db"))
-    result = controller.train_step(1)
+    trainer = Trainer(task, FakeBackend(FakeEngine()), RunStore(tmp_path / "run.db"))
+    result = trainer.train_step(1)
     assert len({e.problem.id for e in result.episodes}) == 6
 
 
 def test_a_roles_system_prompt_from_the_task_file_replaces_the_environments(tmp_path):
-    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ["roles.1.system_prompt=\"Answer with Moves: only.\""])
+    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ['roles.1.system_prompt="Answer with Moves: only."'])
     engine = FakeEngine()
-    controller = Controller(task, FakeBackend(engine), RunStore(tmp_path / "run.db"))
-    controller.train_step(1)
+    trainer = Trainer(task, FakeBackend(engine), RunStore(tmp_path / "run.db"))
+    trainer.train_step(1)
     by_policy_call = [call["prompts"][0] for call in engine.calls]
     tool, planner = by_policy_call[0], by_policy_call[1]
     assert planner[0] == {"role": "system", "content": "Answer with Moves: only."}

@@ -1,22 +1,23 @@
 """A tiny random model learns the toy task under AT-GRPO (real engine and learner, in-process)."""
+
 import statistics
 
 import pytest
 import torch
+from conftest import ROOT
 
 from mas_lab.backend import Backend
 from mas_lab.config import TaskConfig, load_task
-from mas_lab.controller import Controller
-from mas_lab.store import RunStore
 from mas_lab.learner.samples import Sample
+from mas_lab.store import RunStore
+from mas_lab.trainer import Trainer
 
-from conftest import ROOT
 
-
+@pytest.mark.slow
 def test_reward_rises_clearly_within_a_minute(tmp_path):
     task = load_task(ROOT / "tasks" / "toy.yaml", ["train.steps=15", "train.eval_every=0"])
-    controller = Controller(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
-    rewards = [controller.train_step(step).metrics["reward/mean"] for step in range(1, 16)]
+    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
+    rewards = [trainer.train_step(step).metrics["reward/mean"] for step in range(1, 16)]
     # step 1 samples from the untrained model; the last 3 steps from the trained one
     before, after = rewards[0], statistics.fmean(rewards[-3:])
     print(f"toy mean reward: step 1 {before:.3f}, last 3 steps {after:.3f}")
@@ -27,9 +28,22 @@ def test_reward_rises_clearly_within_a_minute(tmp_path):
 def two_policy_task(lora: bool) -> TaskConfig:
     data = load_task(ROOT / "tasks" / "toy.yaml").model_dump()
     spec = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]} if lora else None
-    data["policies"] = {"p_first": {"model": "tiny-test", "lora": spec}, "p_second": {"model": "tiny-test", "lora": spec}}
+    data["policies"] = {
+        "p_first": {"model": "tiny-test", "lora": spec},
+        "p_second": {"model": "tiny-test", "lora": spec},
+    }
     data["roles"][0]["policy"], data["roles"][1]["policy"] = "p_first", "p_second"
     return TaskConfig.model_validate(data)
+
+
+def learner_of(actor):
+    """The Learner in an in-process actor (a colocated base's actor holds it: mas_lab/colocated.py)."""
+    return getattr(actor, "learner", actor)
+
+
+def engine_of(actor):
+    """The engine of an in-process rollout worker, colocated or not."""
+    return getattr(actor, "worker", actor).engine
 
 
 def clone(state):
@@ -44,7 +58,7 @@ def same(a, b) -> bool:
 def test_one_policys_update_never_changes_anothers_weights(lora):
     backend = Backend(two_policy_task(lora), use_ray=False)
     assert len(backend.learners) == (1 if lora else 2)  # LoRA policies share one base
-    learner = {p: backend.learners[h] for p, h in backend.host_of.items()}
+    learner = {p: learner_of(backend.learners[h]) for p, h in backend.base_of.items()}
     before = {p: clone(learner[p].weights(p)) for p in learner}
     base_before = clone({k: v for k, v in learner["p_first"].model.state_dict().items() if "lora_" not in k})
     samples = [Sample([2, 10, 11], [71, 71, 3], a) for a in (1.0, -1.0)]
@@ -57,10 +71,12 @@ def test_one_policys_update_never_changes_anothers_weights(lora):
         assert same(base_after, base_before)
     backend.sync_weights(1)
     for policy in ("p_first", "p_second"):
-        worker = backend.workers[backend.host_of[policy]][0].engine
+        worker = engine_of(backend.workers[backend.base_of[policy]][0])
         if lora:  # the engine serves each adapter merged into its own weights: W + (alpha / r) B A
             state, merged = learner[policy].weights(policy), worker.merged
-            assert set(merged.merged[policy]) == {n for n in merged.base if n.rsplit(".", 1)[-1] in ("q_proj", "v_proj")}
+            assert set(merged.merged[policy]) == {
+                n for n in merged.base if n.rsplit(".", 1)[-1] in ("q_proj", "v_proj")
+            }
             for name, weight in merged.merged[policy].items():
                 a, b = (state[f"base_model.model.{name}.lora_{x}.weight"].float() for x in "AB")
                 assert torch.equal(weight, (merged.base[name].float() + 2.0 * b @ a).to(weight.dtype)), name
@@ -68,10 +84,11 @@ def test_one_policys_update_never_changes_anothers_weights(lora):
             assert same(worker.model.state_dict(), learner[policy].weights(policy))
 
 
+@pytest.mark.slow
 def test_reward_rises_under_per_role_lora(tmp_path):
     task = load_task(ROOT / "tasks" / "toy_lora.yaml", ["train.steps=15", "train.eval_every=0"])
-    controller = Controller(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
-    rewards = [controller.train_step(step).metrics["reward/mean"] for step in range(1, 16)]
+    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
+    rewards = [trainer.train_step(step).metrics["reward/mean"] for step in range(1, 16)]
     before, after = rewards[0], statistics.fmean(rewards[-3:])
     print(f"toy mean reward under per-role LoRA: step 1 {before:.3f}, last 3 steps {after:.3f}")
     assert before < 0.3 and after > 1.0, rewards
@@ -84,9 +101,9 @@ def test_the_format_warm_up_teaches_the_form(tmp_path):
 
     task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ["train.warmup_steps=6"])
     backend = Backend(task, use_ray=False)
-    controller = Controller(task, backend, RunStore(tmp_path / "run.db"))
-    env = controller.pool.make(controller.pool.train(999))
-    learner = next(iter(backend.learners.values()))
+    trainer = Trainer(task, backend, RunStore(tmp_path / "run.db"))
+    env = trainer.pool.make(trainer.pool.train(999))
+    learner = learner_of(next(iter(backend.learners.values())))
     probe = learner._batch([Sample(p, r, 0.0) for p, r in _demo_tokens(env, random.Random(7))])
 
     def nll() -> float:  # mean negative log-likelihood of the fresh demonstrations
@@ -94,30 +111,36 @@ def test_the_format_warm_up_teaches_the_form(tmp_path):
             return float(-(learner._logp(probe) * probe.mask).sum() / probe.mask.sum())
 
     before = nll()
-    controller.warm_up()
+    trainer.warm_up()
     after = nll()
-    events = [e["message"] for e in controller.store.events() if e["kind"] == "warmup"]
+    events = [e["message"] for e in trainer.store.events() if e["kind"] == "warmup"]
     assert len(events) == 6 and "nll/shared" in events[0]
     assert after < 0.7 * before, (before, after)
 
 
 def test_the_warm_up_comes_before_the_first_evaluation_and_is_not_the_kl_reference(tmp_path):
-    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ["train.warmup_steps=2", "train.steps=1",
-                                                              "train.eval_problems=2", "checkpoint.every=0"])
-    controller = Controller(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
-    controller.run()
-    kinds = [e["kind"] for e in controller.store.events() if e["kind"] in ("warmup", "eval")]
+    task = load_task(
+        ROOT / "tasks" / "plan_path_tiny.yaml",
+        ["train.warmup_steps=2", "train.steps=1", "train.eval_problems=2", "checkpoint.every=0"],
+    )
+    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
+    trainer.run()
+    kinds = [e["kind"] for e in trainer.store.events() if e["kind"] in ("warmup", "eval")]
     assert kinds[:3] == ["warmup", "warmup", "eval"]
     # the KL diagnostic's reference is the policy RL starts from, not the one before the warm-up
-    assert controller.store.metrics(1)[1]["kl_initial/shared"] == 0.0
+    assert trainer.store.metrics(1)[1]["kl_initial/shared"] == 0.0
 
 
 def _demo_tokens(env, rng):
     from transformers import AutoTokenizer
+
     from mas_lab.models import resolve
     from mas_lab.rollout.engine import encode_chat
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-test"))
     for role in ("tool", "planner"):
         reply = env.format_demo(role, rng)
-        yield encode_chat(tokenizer, env.messages(role, 0)), tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+        yield (
+            encode_chat(tokenizer, env.messages(role, 0)),
+            tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id],
+        )

@@ -1,5 +1,6 @@
 """Per-role LoRA in the transformers engine: each policy's adapter merged into its own weights
 (lora.MergedAdapters) samples what the learner's peft adapter scores, policy by policy."""
+
 import torch
 
 from mas_lab import lora
@@ -9,10 +10,14 @@ from mas_lab.learner.samples import Sample
 from mas_lab.models import resolve
 from mas_lab.rollout.engine import HFEngine
 
-PROMPTS = [[{"role": "user", "content": "write a"}], [{"role": "system", "content": "be brief"},
-                                                      {"role": "user", "content": "a longer prompt, please answer"}]]
-ADAPTERS = {"tool": Lora(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]),
-            "planner": Lora(rank=8)}
+PROMPTS = [
+    [{"role": "user", "content": "write a"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a longer prompt, please answer"}],
+]
+ADAPTERS = {
+    "tool": Lora(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]),
+    "planner": Lora(rank=8),
+}
 SAMPLING = Sampling(temperature=0.7, top_p=1.0, max_new_tokens=12)
 
 
@@ -51,8 +56,9 @@ def test_merged_adapters_sample_what_the_learner_scores_for_each_policy():
     for name, module in engine.merged.modules.items():
         assert module.weight is engine.merged.merged["tool"][name]
     engine.merged.use("never-loaded")
-    assert [g.response_ids for row in engine.generate("never-loaded", PROMPTS, 3, SAMPLING, seed=3) for g in row] == \
-        [g.response_ids for row in base for g in row]
+    assert [g.response_ids for row in engine.generate("never-loaded", PROMPTS, 3, SAMPLING, seed=3) for g in row] == [
+        g.response_ids for row in base for g in row
+    ]
 
 
 def test_a_new_adapter_version_replaces_the_merged_weights_of_its_policy_only():

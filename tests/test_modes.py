@@ -1,21 +1,24 @@
 """Each algorithm mode builds the groups its definition says (toy env, scripted engine)."""
+
 import pytest
-
-from fakes import FakeBackend, FakeEngine
-from mas_lab.config import TaskConfig, as_mode, load_task, swap_policies
-from mas_lab.controller import Controller, wilson_interval
-from mas_lab.store import RunStore
-
 from conftest import ROOT
+from fakes import FakeBackend, FakeEngine
+
+from mas_lab.config import TaskConfig, as_mode, load_task, swap_policies
+from mas_lab.reporting import wilson_interval
+from mas_lab.store import RunStore
+from mas_lab.trainer import Trainer
+
 
 # row-dependent answers, so the K trajectories of one problem differ
-VARIED = lambda c, n, row: "a" * (row % 4) + "b"
+def VARIED(c, n, row):
+    return "a" * (row % 4) + "b"
 
 
 def step(task, tmp_path, engine):
     backend = FakeBackend(engine)
     store = RunStore(tmp_path / "run.db")
-    result = Controller(task, backend, store).train_step(1)
+    result = Trainer(task, backend, store).train_step(1)
     return result, backend.updates[0], store
 
 
@@ -29,7 +32,9 @@ def test_at_grpo_groups_are_per_problem_agent_turn(tmp_path):
 
 
 def test_mas_grpo_groups_are_k_independent_trajectories_per_problem(tmp_path):
-    task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo", "algorithm.k=4", "train.problems_per_step=3"])
+    task = load_task(
+        ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo", "algorithm.k=4", "train.problems_per_step=3"]
+    )
     engine = FakeEngine(VARIED)
     result, samples, store = step(task, tmp_path, engine)
     assert all(call["n"] == 1 and len(call["prompts"]) == 12 for call in engine.calls)  # no branching

@@ -1,18 +1,18 @@
 """dtype auto: bfloat16 only where the device computes it natively (mas_lab/precision.py). On a CPU
 without avx512_bf16 / amx_bf16 / bf16, torch emulates bf16 products tens of times slower than
 float32, so the shipped tasks ask for auto and a run that asks for bf16 there says so."""
+
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from mas_lab import precision, runs
 from mas_lab.config import load_task
 from mas_lab.learner.learner import Learner
 from mas_lab.models import resolve as model_folder
 from mas_lab.rollout.engine import HFEngine
-
-from conftest import ROOT
 
 NO_BF16 = frozenset({"fpu", "sse2", "avx2", "fma"})  # an AMD EPYC Zen 3: no AVX-512 at all
 BF16 = frozenset({"fpu", "avx2", "avx512f", "avx512_bf16"})
@@ -29,8 +29,12 @@ def cpu(monkeypatch):
 def test_auto_is_bfloat16_only_on_a_cpu_with_native_bf16(cpu):
     cpu(NO_BF16)
     assert precision.resolve("auto", "cpu") == "float32"
-    assert precision.report("bfloat16", "cpu") == {"requested": "bfloat16", "dtype": "bfloat16", "device": "cpu",
-                                                   "emulated_bf16": True}
+    assert precision.report("bfloat16", "cpu") == {
+        "requested": "bfloat16",
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "emulated_bf16": True,
+    }
     cpu(BF16)
     assert precision.resolve("auto", "cpu") == "bfloat16"
     assert precision.report("bfloat16", "cpu")["emulated_bf16"] is False
@@ -70,9 +74,16 @@ def test_the_engine_and_the_learner_compute_in_the_resolved_dtype(cpu):
 
 
 def _train(tmp_path: Path, dtype: str) -> tuple[dict, list[dict]]:
-    task = load_task(ROOT / "tasks" / "toy.yaml", [f"policies.shared.dtype={dtype}", "train.steps=1",
-                                                   "train.eval_every=0", "checkpoint.every=0",
-                                                   f"tracking.mlflow_uri=sqlite:///{tmp_path / 'mlruns.db'}"])
+    task = load_task(
+        ROOT / "tasks" / "toy.yaml",
+        [
+            f"policies.shared.dtype={dtype}",
+            "train.steps=1",
+            "train.eval_every=0",
+            "checkpoint.every=0",
+            f"tracking.mlflow_uri=sqlite:///{tmp_path / 'mlruns.db'}",
+        ],
+    )
     run = runs.new_run(task, ROOT / "tasks" / "toy.yaml", tmp_path / dtype)
     told: list[str] = []
     summary = runs.train(run, use_ray=False, progress=lambda event: told.append(event.phase))
@@ -81,6 +92,7 @@ def _train(tmp_path: Path, dtype: str) -> tuple[dict, list[dict]]:
     return {**summary, "told": told}, events
 
 
+@pytest.mark.integration
 def test_a_run_records_its_dtypes_and_warns_when_bf16_is_emulated(tmp_path, cpu):
     cpu(NO_BF16)
     summary, events = _train(tmp_path, "bfloat16")
@@ -101,6 +113,10 @@ def test_a_run_records_its_dtypes_and_warns_when_bf16_is_emulated(tmp_path, cpu)
 def test_no_shipped_task_asks_for_bfloat16_outright():
     """bf16 is fast only where the hardware has it: the shipped tasks say auto, so a CPU without it
     runs them in float32 instead of tens of times slower."""
-    asked = {path.name: policy.dtype for path in sorted((ROOT / "tasks").glob("*.yaml"))
-             for policy in load_task(path).policies.values() if policy.dtype == "bfloat16"}
+    asked = {
+        path.name: policy.dtype
+        for path in sorted((ROOT / "tasks").glob("*.yaml"))
+        for policy in load_task(path).policies.values()
+        if policy.dtype == "bfloat16"
+    }
     assert not asked, asked

@@ -1,17 +1,18 @@
-"""README.md's task-file reference is generated from the schema (tools/task_reference.py) and
+"""docs/task-files.md (the task-file reference) is generated from the schema (tools/task_reference.py) and
 must be current; every field of every section has a description."""
+
 import subprocess
 import sys
 import typing
 
+from conftest import ROOT
 from pydantic import BaseModel
 
-from conftest import ROOT
 
-
-def test_the_readme_reference_is_current():
-    proc = subprocess.run([sys.executable, "tools/task_reference.py", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+def test_the_task_file_reference_is_current():
+    proc = subprocess.run(
+        [sys.executable, "tools/task_reference.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
 
 

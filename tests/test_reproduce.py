@@ -1,5 +1,6 @@
-"""benchmarks/reproduce.py: the comparison's families, table, swap ablation and resume of an
+"""mas_lab/study (make reproduce): the comparison's families, table, swap ablation and resume of an
 interrupted run (a real toy `mas-lab run`, SIGKILLed after a checkpoint, then continued)."""
+
 import json
 import os
 import shutil
@@ -10,17 +11,41 @@ from pathlib import Path
 
 import pytest
 
-def _reproduce_module():
-    from conftest import load_benchmark
 
-    return load_benchmark("reproduce")
+def _reproduce_module():
+    from mas_lab.study import reproduce
+
+    return reproduce
+
+
+def _toy_family(out):
+    """The paper study's regimes on the toy task (tasks/toy.yaml, toy_single_agent.yaml), its runs,
+    archive and MLflow store under `out`, no Markdown report."""
+    import dataclasses
+
+    from mas_lab.study.families import FAMILIES
+
+    return dataclasses.replace(
+        FAMILIES["plan_path"], key="toy", stem="toy", out=str(out), archive="", study_out="", results_md="", images=""
+    )
+
+
+PLAN_PATH = "plan_path"
 
 
 def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it():
     reproduce = _reproduce_module()
-    runs = [{"regime": "MAS + AT-GRPO shared", "seed": seed, "task": "tasks/plan_path_learns.yaml", "cpu_s": 60.0,
-             "summary": {"eval_before": 0.0, "eval_after": after}} for seed, after in ((0, 0.5), (1, 0.25))]
-    lines, rows = reproduce.table(runs)
+    runs = [
+        {
+            "regime": "MAS + AT-GRPO shared",
+            "seed": seed,
+            "task": "tasks/plan_path_learns.yaml",
+            "cpu_s": 60.0,
+            "summary": {"eval_before": 0.0, "eval_after": after},
+        }
+        for seed, after in ((0, 0.5), (1, 0.25))
+    ]
+    lines, rows = reproduce.table(runs, reproduce.FAMILIES[PLAN_PATH])
     constant = rows["constant answer (no model)"]
     expected = [reproduce.constant_baseline("tasks/plan_path_learns.yaml", seed) for seed in (0, 1)]
     assert constant["n"] == 128 and abs(constant["pooled"] - sum(b.solved for b in expected) / 128) < 1e-12
@@ -28,13 +53,36 @@ def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it(
     assert "MAS + AT-GRPO shared above constant answer (no model)" in reproduce.orderings(rows)
 
 
+def test_the_table_has_the_reading_rules_rows_and_orders_against_them():
+    """Every baseline without a model has a row on the same held-out problems: on make run's seed 0,
+    rows first 55/64, either order 63/64, one move a turn 45/64; a regime below a rule is named so."""
+    reproduce = _reproduce_module()
+    runs = [
+        {
+            "regime": "MAS + AT-GRPO shared",
+            "seed": 0,
+            "task": "tasks/plan_path_learns.yaml",
+            "cpu_s": 60.0,
+            "summary": {"eval_before": 0.0, "eval_after": 44 / 64},
+        }
+    ]
+    lines, rows = reproduce.table(runs, reproduce.FAMILIES[PLAN_PATH])
+    assert rows["reading rule, rows first (no model)"]["pooled"] == 55 / 64
+    assert rows["reading rule, either order (no model)"]["pooled"] == 63 / 64
+    assert rows["one move toward the goal a turn (no model)"]["pooled"] == 45 / 64
+    assert "1 problems need a detour" in next(line for line in lines if line.startswith("| reading rule, either"))
+    assert "reading rule, either order (no model) above MAS + AT-GRPO shared" in reproduce.orderings(rows)
+
+
 def test_an_ordering_that_one_seed_contradicts_is_not_claimed():
     """Pooled intervals count every seed's episodes as one sample; a seed on which the order flips
     withholds the claim and is named."""
     reproduce = _reproduce_module()
-    rows = {"A": {"low": 0.6, "high": 0.8, "by_seed": {0: 0.9, 1: 0.5}},
-            "B": {"low": 0.1, "high": 0.3, "by_seed": {0: 0.1, 1: 0.55}},
-            "C": {"low": 0.0, "high": 0.05, "by_seed": {0: 0.0, 1: 0.0, 2: 0.1}}}
+    rows = {
+        "A": {"low": 0.6, "high": 0.8, "by_seed": {0: 0.9, 1: 0.5}},
+        "B": {"low": 0.1, "high": 0.3, "by_seed": {0: 0.1, 1: 0.55}},
+        "C": {"low": 0.0, "high": 0.05, "by_seed": {0: 0.0, 1: 0.0, 2: 0.1}},
+    }
     found = reproduce.orderings(rows)
     assert "A above B" not in found
     assert "not claimed: A above B (the pooled intervals are apart, but seed 1 gives 0.500 against 0.550)" in found
@@ -45,28 +93,44 @@ def test_an_ordering_that_one_seed_contradicts_is_not_claimed():
 def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     """The regimes of a family differ only in the team and the update: same env, problems, steps,
     K, warm-up and evaluation (the paper's comparison at one budget)."""
-    from mas_lab.config import load_task
-
     from conftest import ROOT
+
+    from mas_lab.config import load_task
 
     reproduce = _reproduce_module()
     assert set(reproduce.FAMILIES) >= {"plan_path", "sokoban"}
     for family in reproduce.FAMILIES.values():
         tasks = [load_task(ROOT / task) for task, _ in family.regimes.values()]
-        budgets = {(t.env.model_dump_json(), t.train.steps, t.train.problems_per_step, t.algorithm.k,
-                    t.train.warmup_steps, t.train.eval_problems) for t in tasks}
+        budgets = {
+            (
+                t.env.model_dump_json(),
+                t.train.steps,
+                t.train.problems_per_step,
+                t.algorithm.k,
+                t.train.warmup_steps,
+                t.train.eval_problems,
+            )
+            for t in tasks
+        }
         assert len(budgets) == 1, family.key
         assert family.begin != family.end and family.key in family.image
 
 
 def test_the_swap_ablation_lines_read_the_eval_json():
     reproduce = _reproduce_module()
-    runs = [{"regime": "MAS + AT-GRPO per-role LoRA", "seed": 0, "summary": {"eval_after": 0.5}},
-            {"regime": "MAS + AT-GRPO per-role full", "seed": 1, "summary": {"eval_after": 0.25},
-             "swap": {"success_rate": 0.125, "success_ci_low": 0.06, "success_ci_high": 0.23}}]
+    runs = [
+        {"regime": "MAS + AT-GRPO per-role LoRA", "seed": 0, "summary": {"eval_after": 0.5}},
+        {
+            "regime": "MAS + AT-GRPO per-role full",
+            "seed": 1,
+            "summary": {"eval_after": 0.25},
+            "swap": {"success_rate": 0.125, "success_ci_low": 0.06, "success_ci_high": 0.23},
+        },
+    ]
     assert reproduce.swap_lines(runs) == [
-        "- MAS + AT-GRPO per-role full, seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"]
-    assert set(reproduce.PER_ROLE) <= set(reproduce.REGIME_NAMES)
+        "- MAS + AT-GRPO per-role full, seed 1: trained 0.250 -> swapped 0.125 [0.060, 0.230]"
+    ]
+    assert reproduce.FAMILIES[PLAN_PATH].swapped == {"MAS + AT-GRPO per-role LoRA", "MAS + AT-GRPO per-role full"}
 
 
 def test_the_curves_are_averaged_over_the_seeds_that_reached_each_step():
@@ -88,13 +152,15 @@ def _kill_runs_under(folder: Path) -> int:
     return killed
 
 
+@pytest.mark.integration
 def test_an_interrupted_regime_run_resumes_from_its_checkpoint_and_adds_its_times(tmp_path):
     reproduce = _reproduce_module()
-    family = reproduce.Family("toy", "Toy", "toy", str(tmp_path), "toy")
+    family = _toy_family(tmp_path)
     extra = ["train.steps=6", "train.eval_every=3", "checkpoint.every=1"]
     first: list = []
-    driver = threading.Thread(target=lambda: first.append(
-        reproduce.run_regime(family, "MAS + AT-GRPO shared", 0, tmp_path, extra)))
+    driver = threading.Thread(
+        target=lambda: first.append(reproduce.run_regime(family, "MAS + AT-GRPO shared", 0, tmp_path, extra))
+    )
     driver.start()
     deadline = time.monotonic() + 300
     folder = tmp_path / reproduce.slug("MAS + AT-GRPO shared") / "seed-0"
@@ -117,16 +183,35 @@ def test_an_interrupted_regime_run_resumes_from_its_checkpoint_and_adds_its_time
     assert "resumed from step-" in (folder / "run.log").read_text()
 
 
+@pytest.mark.integration
 def test_two_jobs_run_the_queue_side_by_side_with_one_thread_each(tmp_path, monkeypatch):
     import sys
 
     reproduce = _reproduce_module()
-    monkeypatch.setattr(reproduce, "FAMILIES", {"toy": reproduce.Family("toy", "Toy", "toy", str(tmp_path), "toy")})
+    from mas_lab.study import driver
+
+    monkeypatch.setattr(reproduce, "FAMILIES", {"toy": _toy_family(tmp_path)})
     reports: list[int] = []
-    monkeypatch.setattr(reproduce, "report", lambda family, results, out: reports.append(len(results)))
-    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--task", "toy", "--seeds", "0", "--jobs", "2", "--only",
-                                      "single agent + GRPO", "MAS + AT-GRPO shared", "--set", "train.steps=2"])
+    monkeypatch.setattr(driver, "report", lambda family, results, out: reports.append(len(results)))
+    monkeypatch.setattr(driver.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "reproduce.py",
+            "--task",
+            "toy",
+            "--seeds",
+            "0",
+            "--jobs",
+            "2",
+            "--only",
+            "single agent + GRPO",
+            "MAS + AT-GRPO shared",
+            "--set",
+            "train.steps=2",
+        ],
+    )
     reproduce.main()
     results = reproduce.complete(tmp_path)
     assert sorted(r["regime"] for r in results) == ["MAS + AT-GRPO shared", "single agent + GRPO"]
@@ -144,17 +229,18 @@ def test_two_jobs_run_the_queue_side_by_side_with_one_thread_each(tmp_path, monk
     assert all(reproduce.curves(r)["eval/success_rate"][-1][0] == 2 for r in results)
     kept = tmp_path / "archive" / reproduce.slug("MAS + AT-GRPO shared") / "seed-0"
     assert {p.name for p in kept.iterdir()} == {"summary.json", "task.yaml", reproduce.STORE}
-    monkeypatch.setattr(reproduce, "run_regime", lambda *a: pytest.fail(f"ran a kept run again: {a}"))
+    monkeypatch.setattr(driver, "run_regime", lambda *a: pytest.fail(f"ran a kept run again: {a}"))
     reproduce.main()
 
 
 def test_a_section_whose_runs_are_not_kept_says_so(tmp_path, monkeypatch):
     reproduce = _reproduce_module()
-    family = reproduce.FAMILIES["sokoban"]
+    import dataclasses
+
     (tmp_path / "docs").mkdir()
     results_md = tmp_path / "docs" / "results.md"
+    family = dataclasses.replace(reproduce.FAMILIES["sokoban"], results_md=str(results_md))
     results_md.write_text(f"# Results\n\nabove\n\n{family.begin}\n| old table | 0.781 |\n{family.end}\n\nbelow\n")
-    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
     reproduce.report(family, [], tmp_path)
     text = results_md.read_text()
     assert "0.781" not in text and "No run of this family is kept" in text
@@ -166,10 +252,39 @@ def test_the_report_says_which_runs_computed_in_which_dtype(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
     (old / "task.yaml").write_text("policies:\n  shared:\n    model: smollm2-135m-instruct\n    dtype: bfloat16\n")
-    runs = [{"regime": "MAS + AT-GRPO shared", "seed": 0, "store": str(old / reproduce.STORE), "summary": {}},
-            {"regime": "MAS + trajectory GRPO", "seed": 1, "store": str(tmp_path / "new" / reproduce.STORE),
-             "summary": {"precision": {"rollout full:shared#0": "float32", "learner full:shared": "float32"}}}]
+    runs = [
+        {"regime": "MAS + AT-GRPO shared", "seed": 0, "store": str(old / reproduce.STORE), "summary": {}},
+        {
+            "regime": "MAS + trajectory GRPO",
+            "seed": 1,
+            "store": str(tmp_path / "new" / reproduce.STORE),
+            "summary": {"precision": {"rollout full:shared#0": "float32", "learner full:shared": "float32"}},
+        },
+    ]
     line = reproduce.precision_line(runs)
     assert line.startswith("Precision differs between runs")
     assert "bfloat16: MAS + AT-GRPO shared seed 0" in line and "float32: MAS + trajectory GRPO seed 1" in line
     assert reproduce.precision_line(runs[1:]) == "Every run computed in float32."
+
+
+def test_the_hard_split_table_puts_the_team_beside_the_rules_on_the_same_problems():
+    """On the hard split (problems the either-order rule misses) the reading rules score 0 by
+    construction; one move a turn may solve some; the team's pooled success comes from its runs."""
+    reproduce = _reproduce_module()
+    from mas_lab.study.report import hard_table
+
+    runs = [
+        {
+            "regime": "MAS + AT-GRPO shared",
+            "seed": 0,
+            "task": "tasks/plan_path_tool.yaml",
+            "summary": {"eval_after": 0.5, "hard_after": {"success": 0.25, "problems": 64, "ci": [0.16, 0.37]}},
+        }
+    ]
+    family = reproduce.FAMILIES["plan_path_tool"]
+    lines = hard_table(runs, family)
+    assert lines[2].startswith("| MAS + AT-GRPO shared | 0.250 ") and "(n=64)" in lines[2]
+    either = next(line for line in lines if line.startswith("| reading rule, either order"))
+    assert either.startswith("| reading rule, either order (no model) | 0.000 ")
+    assert hard_table([{**runs[0], "summary": {"eval_after": 0.5}}], family) == []
+    assert reproduce.FAMILIES["plan_path_tool"].stem == "plan_path_tool"

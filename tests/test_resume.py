@@ -1,8 +1,8 @@
 """Pause, resume, stop, checkpoints and exact resume after SIGKILL, through the real CLI
 (separate processes, real Ray actors, real MLflow and run stores)."""
+
 import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, wait_for
 from safetensors.torch import load_file
 
 from mas_lab.control import RunControl
 from mas_lab.store import RunStore
 
-from conftest import ROOT, wait_for
-
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TOY = str(ROOT / "tasks" / "toy.yaml")
 # time and throughput differ between runs by nature; everything else must match exactly
 VOLATILE = ("time/", "tokens_per_s", "eval/time")
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
 
 def cli(*args, cwd, timeout=300):
@@ -30,12 +31,20 @@ def cli(*args, cwd, timeout=300):
 
 
 def start(*args, cwd):
-    return subprocess.Popen([MAS_LAB, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [MAS_LAB, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def run_dir_of(cwd: Path) -> Path:
-    return wait_for(lambda: next((p for p in (cwd / "runs").glob("*") if (p / "run.db").is_file()), None)
-                    if (cwd / "runs").is_dir() else None, what="the run folder")
+    return wait_for(
+        lambda: (
+            next((p for p in (cwd / "runs").glob("*") if (p / "run.db").is_file()), None)
+            if (cwd / "runs").is_dir()
+            else None
+        ),
+        what="the run folder",
+    )
 
 
 def state_of(run_dir: Path) -> dict:
@@ -46,14 +55,20 @@ def state_of(run_dir: Path) -> dict:
 
 
 def stable_metrics(run_dir: Path) -> dict:
-    return {step: {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
-            for step, m in RunStore(run_dir / "run.db").metrics().items()}
+    return {
+        step: {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
+        for step, m in RunStore(run_dir / "run.db").metrics().items()
+    }
 
 
 def advantages(run_dir: Path) -> list:
-    return [tuple(r.values()) for r in RunStore(run_dir / "run.db").rows(
-        "SELECT e.step, e.kind, e.idx, t.turn, t.role, c.idx, c.response, c.reward, c.advantage, c.chosen FROM candidates c "
-        "JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id ORDER BY e.step, e.kind, e.idx, t.id, c.idx")]
+    return [
+        tuple(r.values())
+        for r in RunStore(run_dir / "run.db").rows(
+            "SELECT e.step, e.kind, e.idx, t.turn, t.role, c.idx, c.response, c.reward, c.advantage, c.chosen FROM candidates c "
+            "JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id ORDER BY e.step, e.kind, e.idx, t.id, c.idx"
+        )
+    ]
 
 
 def final_weights(run_dir: Path, step: int) -> dict:
@@ -76,8 +91,10 @@ def kill_in_step_4_and_resume(cwd: Path, *args: str):
     when killed, the resume's process)."""
     proc = start("run", TOY, *args, cwd=cwd)
     run_dir = run_dir_of(cwd)
-    wait_for(lambda: (lambda s: s.get("step") == 4 and str(s.get("phase", "")).startswith("rollout"))(state_of(run_dir)),
-             what="step 4's rollout")
+    wait_for(
+        lambda: (lambda s: s.get("step") == 4 and str(s.get("phase", "")).startswith("rollout"))(state_of(run_dir)),
+        what="step 4's rollout",
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     killed_at = state_of(run_dir)
@@ -139,7 +156,9 @@ def policy_files(run_dir: Path, step: int) -> dict:
 
 
 def learner_state(run_dir: Path, step: int) -> dict:
-    return torch.load(run_dir / "checkpoints" / f"step-{step:06d}" / "policies" / "shared" / "learner.pt", weights_only=True)
+    return torch.load(
+        run_dir / "checkpoints" / f"step-{step:06d}" / "policies" / "shared" / "learner.pt", weights_only=True
+    )
 
 
 def same_tensors(a, b) -> bool:
@@ -154,8 +173,20 @@ def same_tensors(a, b) -> bool:
 
 def test_background_checkpoints_are_byte_for_byte_the_synchronous_ones(tmp_path):
     for mode in ("false", "true"):
-        proc = cli("run", TOY, "--no-ray", "--set", "train.steps=2", "--set", "checkpoint.every=1",
-                   "--set", f"checkpoint.background={mode}", "--run-dir", f"runs/{mode}", cwd=tmp_path)
+        proc = cli(
+            "run",
+            TOY,
+            "--no-ray",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "checkpoint.every=1",
+            "--set",
+            f"checkpoint.background={mode}",
+            "--run-dir",
+            f"runs/{mode}",
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     for step in (1, 2):  # keep_last 2
         assert policy_files(tmp_path / "runs" / "true", step) == policy_files(tmp_path / "runs" / "false", step)
@@ -171,7 +202,9 @@ def test_background_checkpoints_write_the_same_files_and_resume_exactly_after_si
     assert killed_at["last_checkpoint"] in (2, 3)  # step 3's may still have been in flight
     assert_same_run(run_dir, straight_dir)
     assert same_tensors(learner_state(run_dir, 6), learner_state(straight_dir, 6))  # optimizer, RNG, KL probe
-    events = [r["message"] for r in RunStore(run_dir / "run.db").rows("SELECT message FROM events WHERE kind = 'checkpoint'")]
+    events = [
+        r["message"] for r in RunStore(run_dir / "run.db").rows("SELECT message FROM events WHERE kind = 'checkpoint'")
+    ]
     assert any(m.startswith("step-000006 written") for m in events)
 
 
@@ -184,7 +217,10 @@ def test_pause_from_another_process_holds_steps_and_resume_continues(tmp_path):
         assert paused.returncode == 0, paused.stderr
         state = wait_for(lambda: (lambda s: s if s.get("actors_alive") else None)(state_of(run_dir)), what="actor ping")
         assert state["paused"] and state["phase"] == "paused" and state["last_checkpoint"] == state["step"]
-        count = lambda: RunStore(run_dir / "run.db").rows("SELECT COUNT(*) AS n FROM steps")[0]["n"]
+
+        def count():
+            return RunStore(run_dir / "run.db").rows("SELECT COUNT(*) AS n FROM steps")[0]["n"]
+
         before = count()
         time.sleep(2.0)
         assert count() == before, "a step started while paused"

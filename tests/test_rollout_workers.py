@@ -1,11 +1,11 @@
 """Several rollout workers per policy (resources.rollout_workers): the same candidates as one."""
+
 import pytest
+from conftest import ROOT
 
 from mas_lab.backend import Backend
 from mas_lab.config import load_task
 from mas_lab.learner.samples import Sample
-
-from conftest import ROOT
 
 PROMPTS = [[{"role": "user", "content": f"write {c}"}] for c in "abcde"]
 
@@ -21,7 +21,7 @@ def texts(rows):
 def test_prompts_split_over_workers_give_the_candidates_of_one_worker():
     one, two = Backend(toy(1), use_ray=False), Backend(toy(2), use_ray=False)
     try:
-        assert len(two.workers[two.host_of["shared"]]) == 2
+        assert len(two.workers[two.base_of["shared"]]) == 2
         sampling = toy(1).roles[0].sampling
         for seed in (0, 5):
             a = one.generate("shared", PROMPTS, 3, sampling, seed=seed)
@@ -33,6 +33,7 @@ def test_prompts_split_over_workers_give_the_candidates_of_one_worker():
         two.shutdown()
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_two_ray_workers_both_receive_every_weight_sync():
     import ray
@@ -40,18 +41,19 @@ def test_two_ray_workers_both_receive_every_weight_sync():
     task = toy(2)
     backend = Backend(task, use_ray=True)
     try:
-        workers = backend.workers[backend.host_of["shared"]]
+        workers = backend.workers[backend.base_of["shared"]]
         assert len(workers) == 2
         sampling = task.roles[0].sampling.model_copy(update={"temperature": 0.0})
         prompt = PROMPTS[:1]
 
         def each():
-            return [texts(ray.get(w.generate.remote("shared", prompt, 1, sampling, 0)))
-                    for w in workers]
+            return [texts(ray.get(w.generate.remote("shared", prompt, 1, sampling, 0))) for w in workers]
 
         before = each()
         assert before[0] == before[1]
-        samples = [Sample(g.prompt_ids, g.response_ids, 1.0) for g in backend.generate("shared", prompt, 1, sampling, 0)[0]]
+        samples = [
+            Sample(g.prompt_ids, g.response_ids, 1.0) for g in backend.generate("shared", prompt, 1, sampling, 0)[0]
+        ]
         for _ in range(3):  # push the greedy answer's tokens down hard
             backend.update({"shared": [Sample(s.prompt_ids, s.response_ids, -1.0) for s in samples]})
         backend.sync_weights(3)
@@ -63,20 +65,22 @@ def test_two_ray_workers_both_receive_every_weight_sync():
 
 
 def test_every_candidate_carries_the_weight_version_that_generated_it(tmp_path):
-    from mas_lab.controller import Controller
     from mas_lab.store import RunStore
+    from mas_lab.trainer import Trainer
 
     task = toy(2)
     backend = Backend(task, use_ray=False)
     store = RunStore(tmp_path / "run.db")
     try:
-        controller = Controller(task, backend, store)
+        trainer = Trainer(task, backend, store)
         for step in (1, 2, 3):
-            controller.train_step(step)
+            trainer.train_step(step)
     finally:
         backend.shutdown()
-    rows = store.rows("SELECT DISTINCT e.step, c.policy_version FROM candidates c JOIN turns t ON c.turn_id = t.id"
-                      " JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' ORDER BY e.step")
+    rows = store.rows(
+        "SELECT DISTINCT e.step, c.policy_version FROM candidates c JOIN turns t ON c.turn_id = t.id"
+        " JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' ORDER BY e.step"
+    )
     assert [(r["step"], r["policy_version"]) for r in rows] == [(1, 0), (2, 1), (3, 2)]
     exported = next(store.candidate_records(first_step=3))
     assert exported["policy_version"] == 2

@@ -1,15 +1,17 @@
 """The sandbox against hostile programs: each is contained and reported with the right status,
 and the caller goes on. Tests that need an isolation the machine does not grant are skipped,
 saying which."""
+
 import os
 import socket
 import threading
 
 import pytest
+from conftest import isolation_for_tests
 
-from mas_lab.sandbox import Limits, SandboxPool, capabilities, run_many, run_python
+from mas_lab.sandbox import Limits, SandboxPool, run_many, run_python
 
-ISOLATION = capabilities()
+ISOLATION = isolation_for_tests()
 needs_user = pytest.mark.skipif(ISOLATION.user is None, reason="not root: cannot drop to an unprivileged user")
 needs_netns = pytest.mark.skipif(not ISOLATION.network, reason="no network namespace on this machine")
 
@@ -36,8 +38,10 @@ def test_infinite_loop_times_out_and_the_group_dies():
 
 
 def test_fork_bomb_is_contained():
-    result = run_python("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-                        Limits(wall_s=2, processes=16))
+    result = run_python(
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        Limits(wall_s=2, processes=16),
+    )
     assert result.status in ("timeout", "error") and result.duration < 6
     assert run_python("print(1)").ok  # and the machine can still start processes
 
@@ -47,8 +51,62 @@ def test_memory_bomb_reports_memory():
     assert bomb.status == "memory"
 
 
+needs_cgroup = pytest.mark.skipif(
+    __import__("mas_lab.memcap", fromlist=["available"]).available() is None,
+    reason="this machine does not let mas-lab make memory cgroups",
+)
+FORKED_MEMORY = """
+import os, time
+kids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(200 * 1024 * 1024)
+        for j in range(0, len(block), 4096):
+            block[j] = 1
+        time.sleep(1)
+        os._exit(0)
+    kids.append(pid)
+print([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])
+"""
+
+
+@needs_cgroup
+def test_a_program_is_capped_as_a_whole_not_per_process():
+    """Four children of 200 MB each stay under a 256 MB address-space limit apiece; the program's
+    cgroup (256 + 32 tmpfs + 64 MB margin) holds at most one of them: the kernel kills the rest,
+    and the program goes on to report it. Without the cgroup all four would live (800 MB)."""
+    result = run_python(FORKED_MEMORY, Limits(wall_s=30, cpu_s=30, memory_mb=256))
+    assert result.ok, result.stderr
+    codes = eval(result.stdout)  # noqa: S307 - our own program's printed list
+    assert codes.count(-9) >= 2 and 0 in codes, codes
+
+
+@needs_cgroup
+@pytest.mark.integration
+def test_a_tmpfs_full_of_empty_files_is_stopped_as_memory():
+    """Empty files fill no bytes of the tmpfs's size cap but cost kernel memory (inodes): the
+    cgroup counts it, so the program is killed at the cap and reported as memory."""
+    program = "n = 0\nwhile n < 5_000_000:\n    open(f'/tmp/f{n}', 'w').close()\n    n += 1\nprint(n)\n"
+    result = run_python(program, Limits(wall_s=120, cpu_s=120, memory_mb=128, tmp_mb=8))
+    assert result.status == "memory", (result.status, result.stdout, result.stderr[-300:])
+
+
+@needs_cgroup
+def test_a_programs_cgroup_is_removed_after_it():
+    from mas_lab import memcap
+
+    parent, _ = memcap.available()
+    before = {p.name for p in parent.iterdir() if p.is_dir()}
+    assert run_python("print(1)").ok
+    after = {p.name for p in parent.iterdir() if p.is_dir()}
+    assert after <= before
+
+
 def test_huge_output_is_capped():
-    big = run_python("import sys\nfor _ in range(20000): sys.stdout.write('x' * 1000)", Limits(output_chars=100, wall_s=10))
+    big = run_python(
+        "import sys\nfor _ in range(20000): sys.stdout.write('x' * 1000)", Limits(output_chars=100, wall_s=10)
+    )
     assert big.status == "ok" and len(big.stdout) == 100
 
 
@@ -100,7 +158,9 @@ def test_cannot_open_a_network_connection():
     port = server.getsockname()[1]
     accepted = []
     threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
-    result = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')")
+    result = run_python(
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    )
     server.close()
     assert result.status == "error" and "connected" not in result.stdout and not accepted
 

@@ -1,7 +1,9 @@
 """The run store never silently loses a step: durable at step boundaries, checked against the
 checkpoint on resume, one process per run folder, versioned, opened read-only by readers."""
+
 import hashlib
 import json
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -10,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, wait_for
 
 from mas_lab.control import RunControl
 from mas_lab.store import RunStore, StoreError
-
-from conftest import ROOT, wait_for
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TOY = str(ROOT / "tasks" / "toy.yaml")
@@ -45,14 +46,20 @@ def steps_in(run_dir: Path) -> list[int]:
     return [r["step"] for r in RunStore(run_dir / "run.db", create=False).rows("SELECT step FROM steps ORDER BY step")]
 
 
+@pytest.mark.integration
 def test_a_killed_run_is_crashed_and_resumes_exactly_even_without_its_wal(tmp_path):
     # a toy step takes ~0.2 s, about as long as one `mas-lab status`: wait for step 4 or later (a
     # test that waited for exactly step 4 could miss it), with steps to spare before the end
-    proc = subprocess.Popen([MAS_LAB, "run", TOY, *FAST, "--set", "train.steps=40", "--run-dir", "runs/r"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [MAS_LAB, "run", TOY, *FAST, "--set", "train.steps=40", "--run-dir", "runs/r"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run_dir = tmp_path / "runs" / "r"
-    wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 4,
-             what="step 4")
+    wait_for(
+        lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= 4, what="step 4"
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     killed = status(run_dir, tmp_path)
@@ -63,12 +70,14 @@ def test_a_killed_run_is_crashed_and_resumes_exactly_even_without_its_wal(tmp_pa
     assert again.returncode == 0, again.stderr[-2000:]
     assert steps_in(run_dir) == list(range(41))
     counts = RunStore(run_dir / "run.db", create=False).rows(
-        "SELECT step, kind, COUNT(*) AS n FROM episodes GROUP BY step, kind ORDER BY step, kind")
+        "SELECT step, kind, COUNT(*) AS n FROM episodes GROUP BY step, kind ORDER BY step, kind"
+    )
     per_kind = {kind: {r["n"] for r in counts if r["kind"] == kind} for kind in ("train", "eval")}
     assert len(per_kind["train"]) == 1 and len(per_kind["eval"]) == 1, counts  # no step half or twice
     assert [r["step"] for r in counts if r["kind"] == "train"] == list(range(1, 41))
 
 
+@pytest.mark.integration
 def test_a_store_that_lost_steps_is_refused_and_left_alone(tmp_path):
     run_dir = finished_run(tmp_path)
     with sqlite3.connect(run_dir / "run.db") as db:  # data lost behind the checkpoint's back
@@ -80,10 +89,15 @@ def test_a_store_that_lost_steps_is_refused_and_left_alone(tmp_path):
     assert digest(run_dir / "run.db") == before
 
 
+@pytest.mark.integration
 def test_one_process_per_run_folder(tmp_path):
     run_dir = finished_run(tmp_path, steps=2)
-    first = subprocess.Popen([MAS_LAB, "run", "--resume", str(run_dir), *FAST, "--set", "train.steps=400"], cwd=tmp_path,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [MAS_LAB, "run", "--resume", str(run_dir), *FAST, "--set", "train.steps=400"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: status(run_dir, tmp_path)["running"], what="the first resume")
         second = cli("run", "--resume", run_dir, "--set", "train.steps=400", cwd=tmp_path)
@@ -97,6 +111,7 @@ def test_one_process_per_run_folder(tmp_path):
     assert steps == sorted(set(steps))  # no step twice
 
 
+@pytest.mark.integration
 def test_a_store_from_a_newer_mas_lab_is_refused_before_any_work(tmp_path):
     run_dir = finished_run(tmp_path, steps=1)
     with sqlite3.connect(run_dir / "run.db") as db:
@@ -107,6 +122,7 @@ def test_a_store_from_a_newer_mas_lab_is_refused_before_any_work(tmp_path):
         assert "Traceback" not in result.stderr
 
 
+@pytest.mark.integration
 def test_readers_never_change_the_store(tmp_path):
     run_dir = finished_run(tmp_path, steps=1)
     before = digest(run_dir / "run.db")
@@ -155,6 +171,7 @@ def test_a_file_that_is_not_a_run_store_gets_a_clear_error(tmp_path):
     assert result.returncode == 2 and "not a mas-lab run store" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.integration
 def test_resume_from_another_working_folder_continues_the_same_mlflow_run(tmp_path):
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     home.mkdir()
@@ -170,13 +187,16 @@ def test_resume_from_another_working_folder_continues_the_same_mlflow_run(tmp_pa
     assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--set", "tracking.runs_dir=afile/runs"], "cannot make the run folder"),
-    (["--set", "tracking.mlflow_uri=bogus://x"], "unknown tracking URI scheme"),
-    (["--set", "name=../../x"], "field 'name'"),
-    (["--set", "roles.5.alpha=1"], "index 5 is out of range"),
-    (["--set", "env.params.letters="], "field 'env.params.letters'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--set", "tracking.runs_dir=afile/runs"], "cannot make the run folder"),
+        (["--set", "tracking.mlflow_uri=bogus://x"], "unknown tracking URI scheme"),
+        (["--set", "name=../../x"], "field 'name'"),
+        (["--set", "roles.5.alpha=1"], "index 5 is out of range"),
+        (["--set", "env.params.letters="], "field 'env.params.letters'"),
+    ],
+)
 def test_bad_inputs_leave_nothing_behind(tmp_path, args, message):
     (tmp_path / "afile").write_text("")
     result = cli("run", TOY, "--no-ray", *args, cwd=tmp_path)
@@ -217,28 +237,95 @@ def _kill_actor(run: subprocess.Popen, name: str) -> bool:
 def _ray_run_at_step(tmp_path: Path, step: int, *sets: str) -> tuple[subprocess.Popen, Path]:
     """A toy run on a local Ray instance, returned once it has finished `step`."""
     args = [a for item in sets for a in ("--set", item)]
-    proc = subprocess.Popen([MAS_LAB, "run", TOY, *args, "--run-dir", "runs/r"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [MAS_LAB, "run", TOY, *args, "--run-dir", "runs/r"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run_dir = tmp_path / "runs" / "r"
-    wait_for(lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= step,
-             timeout=180, what=f"step {step}")
+    wait_for(
+        lambda: (run_dir / "run.db").is_file() and (status(run_dir, tmp_path).get("step") or 0) >= step,
+        timeout=180,
+        what=f"step {step}",
+    )
     return proc, run_dir
 
 
+@pytest.mark.integration
+@pytest.mark.ray
 def test_a_dead_ray_actor_is_restarted_from_the_last_checkpoint(tmp_path):
+    # one machine, one rollout worker: the base's learner and worker are one actor (resources.colocate)
     proc, run_dir = _ray_run_at_step(tmp_path, 2, "train.steps=8", "checkpoint.every=1")
-    assert _kill_actor(proc, "RolloutWorker")
+    assert _kill_actor(proc, "Colocated")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
-    events = RunStore(run_dir / "run.db", create=False).rows("SELECT kind, message FROM events WHERE kind = 'actor_restart'")
-    assert len(events) == 1 and "RolloutWorker died" in events[0]["message"]
+    events = RunStore(run_dir / "run.db", create=False).rows(
+        "SELECT kind, message FROM events WHERE kind = 'actor_restart'"
+    )
+    assert len(events) == 1 and "Colocated died" in events[0]["message"]
     assert steps_in(run_dir) == list(range(0, 9))
 
 
+@pytest.mark.integration
+@pytest.mark.ray
 def test_a_dead_ray_actor_without_restarts_left_ends_with_one_line(tmp_path):
-    proc, run_dir = _ray_run_at_step(tmp_path, 1, "train.steps=50", "resources.actor_restarts=0")
+    # separate actors (resources.colocate: false): the learner dies alone
+    proc, run_dir = _ray_run_at_step(
+        tmp_path, 1, "train.steps=50", "resources.actor_restarts=0", "resources.colocate=false"
+    )
     assert _kill_actor(proc, "Learner")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
     assert "the Ray actor Learner died" in err and f"mas-lab run --resume {Path('runs/r')}" in err
     assert status(run_dir, tmp_path)["status"] == "failed"
+
+
+def _damaged_copies(tmp_path: Path, source: Path) -> dict[str, Path]:
+    """Copies of a finished run whose store is truncated, or has a garbage page in the middle."""
+    out = {}
+    for kind in ("truncated", "garbage"):
+        run_dir = tmp_path / kind
+        shutil.copytree(source, run_dir)
+        data = bytearray((run_dir / "run.db").read_bytes())
+        if kind == "truncated":
+            data = data[: len(data) // 3]
+        else:
+            page = 4096
+            middle = (len(data) // page // 2) * page
+            data[middle : middle + page] = b"\xa5" * page
+        (run_dir / "run.db").write_bytes(bytes(data))
+        out[kind] = run_dir
+    return out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "--text"],
+        ["status"],
+        ["export", "-o", "{tmp}/x.jsonl"],
+        ["plot", "-o", "{tmp}/plots"],
+        ["tui"],
+        ["run", "--resume"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_damaged_store_is_refused_in_one_line_before_anything_changes(toy_run, tmp_path, command):
+    """A truncated run.db, or one with a garbage page, gave a traceback (exit 1) in every reader, and
+    a resume rolled the store back and rewrote task.yaml before failing. Now: exit 2, one line, and
+    the folder is byte for byte as it was."""
+    from typer.testing import CliRunner
+
+    from mas_lab.cli import app
+
+    for kind, run_dir in _damaged_copies(tmp_path, toy_run[1]).items():
+        before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+        args = [a.format(tmp=tmp_path) for a in command]
+        line = [*args, str(run_dir)] if args[0] == "run" else [args[0], str(run_dir), *args[1:]]
+        result = CliRunner().invoke(app, line)
+        assert result.exit_code == 2, (kind, result.output, result.exception)
+        assert "damaged" in result.output and len(result.output.strip().splitlines()) <= 3, result.output
+        after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+        assert after == before, kind

@@ -1,8 +1,10 @@
 """MLflow tracking: several runs may start at once against one fresh SQLite store (the
 reproduction runs two at a time); each gets its own MLflow run in the same experiment."""
+
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 STARTER = """
@@ -15,10 +17,19 @@ print(tracker.run_id)
 """
 
 
+@pytest.mark.integration
 def test_runs_starting_together_share_a_fresh_sqlite_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    procs = [subprocess.Popen([sys.executable, "-c", STARTER, uri, f"run-{i}"], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", STARTER, uri, f"run-{i}"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-800:] for _, err in outputs]
     from mlflow.tracking import MlflowClient

@@ -5,13 +5,13 @@ pictures (`pytest tests/test_tui_snapshots.py --snapshot-report`) and accept the
 `pytest tests/test_tui_snapshots.py --snapshot-update`. The dev extra pins textual, plotext and the
 snapshot plugin, so a new Textual release cannot fail these by itself.
 """
+
 import shutil
 
 import pytest
+from conftest import ROOT
 
 from tui.app import MasLabApp
-
-from conftest import ROOT
 
 SIZES = {"100x30": (100, 30), "160x48": (160, 48)}
 
@@ -25,14 +25,15 @@ def toy(tmp_path_factory):
 
 def loaded(mode: str):
     """Wait until the screen shows the store's data (the live screen reads it in a worker)."""
+
     async def run_before(pilot) -> None:
         for _ in range(100):
             await pilot.pause(0.1)
             screen = pilot.app.screen
-            if mode != "live" or ("step " in str(screen.query_one("#run-header").render())
-                                  and screen.query("Chart")):
+            if mode != "live" or ("step " in str(screen.query_one("#run-header").render()) and screen.query("Chart")):
                 break
         await pilot.pause(0.5)
+
     return run_before
 
 
@@ -44,5 +45,6 @@ def test_screen(snap_compare, toy, mode, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_help_screen(snap_compare, toy, size):
-    assert snap_compare(MasLabApp(toy, "replay"), press=["question_mark"], terminal_size=SIZES[size],
-                        run_before=loaded("replay"))
+    assert snap_compare(
+        MasLabApp(toy, "replay"), press=["question_mark"], terminal_size=SIZES[size], run_before=loaded("replay")
+    )

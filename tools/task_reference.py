@@ -1,10 +1,11 @@
-"""Write the task-file reference of README.md from the schema itself: every key of every section
+"""Write the task-file reference of docs/task-files.md from the schema itself: every key of every section
 (from the Field descriptions in mas_lab/config.py) and every environment's roles and parameters
-(from each environment's Params model). `--check` exits 1 when README.md is out of date.
+(from each environment's Params model). `--check` exits 1 when it is out of date.
 
-    python tools/task_reference.py          # rewrite the reference in README.md
+    python tools/task_reference.py          # rewrite the reference in docs/task-files.md
     python tools/task_reference.py --check  # is it current? (a test runs this)
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+README = ROOT / "docs" / "task-files.md"
 BEGIN, END = "<!-- task-reference: begin (tools/task_reference.py) -->", "<!-- task-reference: end -->"
 
 
@@ -62,8 +63,10 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         elif nested is not None and name != "params":
             section = nested.__doc__.strip().splitlines()[0] if nested.__doc__ else field.description
             if key.count(".") == 0 or typing.get_origin(annotation) is typing.Union:
-                rows.append(f"| `{key}` | {_default(field) or 'none' if origin is typing.Union else '—'} | "
-                            f"{field.description or section} |")
+                rows.append(
+                    f"| `{key}` | {_default(field) or 'none' if origin is typing.Union else '—'} | "
+                    f"{field.description or section} |"
+                )
             rows += _rows(nested, f"{key}.")
         else:
             text, choices = field.description or "", _choices(annotation)
@@ -79,8 +82,10 @@ def _env_rows() -> list[str]:
     rows = ["| env | roles (turn order) | params: key (default) meaning |", "|---|---|---|"]
     for name, env in ENVS.items():
         order = "parallel" if env.parallel else "sequential"
-        params = "; ".join(f"`{key}` ({_default(field).strip('`') or 'none'}) {field.description}"
-                           for key, field in env.Params.model_fields.items())
+        params = "; ".join(
+            f"`{key}` ({_default(field).strip('`') or 'none'}) {field.description}"
+            for key, field in env.Params.model_fields.items()
+        )
         rows.append(f"| `{name}` | {', '.join(env.roles)} ({order}) | {params} |")
     return rows
 
@@ -88,9 +93,18 @@ def _env_rows() -> list[str]:
 def reference() -> str:
     from mas_lab.config import TaskConfig
 
-    lines = [BEGIN, "| key | default | meaning |", "|---|---|---|", *_rows(TaskConfig, ""), "",
-             "Environments (`env.name`), their roles, and `env.params` (unknown or ill-typed parameters are "
-             "task-file errors):", "", *_env_rows(), END]
+    lines = [
+        BEGIN,
+        "| key | default | meaning |",
+        "|---|---|---|",
+        *_rows(TaskConfig, ""),
+        "",
+        "Environments (`env.name`), their roles, and `env.params` (unknown or ill-typed parameters are "
+        "task-file errors):",
+        "",
+        *_env_rows(),
+        END,
+    ]
     return "\n".join(lines)
 
 
@@ -104,7 +118,7 @@ def main(argv: list[str]) -> int:
     updated = head + reference() + tail
     if "--check" in argv:
         if updated != text:
-            print("README.md's task-file reference is out of date: run python tools/task_reference.py", file=sys.stderr)
+            print("docs/task-files.md's reference is out of date: run python tools/task_reference.py", file=sys.stderr)
             return 1
         return 0
     README.write_text(updated)

@@ -1,4 +1,5 @@
 """The mas-lab dashboard: live, groups and replay screens over one run's store."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +30,13 @@ class HelpScreen(ModalScreen):
         keys = [*getattr(self.over, "BINDINGS", []), *MasLabApp.BINDINGS]
         lines = [f"{type(self.over).__name__.removesuffix('Screen').lower()} screen: keys", ""]
         lines += [f"  {b.key_display or b.key:<22} {b.description}" for b in keys if isinstance(b, Binding)]
-        lines += ["", "  ctrl+p                 command palette", "  escape or ?            close this help"]
+        lines += [
+            "",
+            "  pagedown / pageup      scroll the focused pane (the live screen's charts: the panels of mas-lab plot)",
+            "  tab / shift+tab        move the focus between panes",
+            "  ctrl+p                 command palette",
+            "  escape or ?            close this help",
+        ]
         with VerticalScroll(id="help-box"):
             yield Static("\n".join(lines), id="help", markup=False)
 
@@ -59,7 +66,9 @@ class MasLabApp(App):
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Live", "Run header, charts and events", lambda: self.switch_mode("live"))
-        yield SystemCommand("Groups", "Group statistics per step and per (agent, turn)", lambda: self.switch_mode("groups"))
+        yield SystemCommand(
+            "Groups", "Group statistics per step and per (agent, turn)", lambda: self.switch_mode("groups")
+        )
         yield SystemCommand("Replay", "Step through stored episodes turn by turn", lambda: self.switch_mode("replay"))
         state = self.control.status()
         if state["running"]:  # a finished or crashed run has nothing to pause or resume
@@ -67,8 +76,3 @@ class MasLabApp(App):
                 yield SystemCommand("Resume run", "Resume the paused run", self.control.resume)
             else:
                 yield SystemCommand("Pause run", "Pause at the next step boundary", self.control.pause)
-
-
-def mode_for(run_dir: Path) -> str:
-    """Live while the run's process is alive, replay once it has finished."""
-    return "live" if RunControl(RunStore(run_dir / "run.db", create=False)).status()["running"] else "replay"

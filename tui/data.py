@@ -1,4 +1,5 @@
 """Read-only snapshots of a run store, taken in worker threads (each opens its own connection)."""
+
 from __future__ import annotations
 
 import time
@@ -6,10 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mas_lab.control import RunControl
+from mas_lab.metric_names import TIME_SPLIT
 from mas_lab.plots import panel_series
 from mas_lab.store import RunStore
 
-SPLIT = ("rollout", "reward", "learner", "weight_sync", "other")
+SPLIT = TIME_SPLIT
 
 
 def open_store(run_dir: Path) -> RunStore:
@@ -41,10 +43,43 @@ def live_snapshot(run_dir: Path, events_after: float) -> LiveSnapshot:
         last = dict(train[-1]) if train else {}
         first, last_finished = store.time_span()
         mean_step = sum(m["time/step"] for m in train[-5:]) / len(train[-5:]) if train else None
-        return LiveSnapshot(task, state, int(task.get("train", {}).get("steps", 0)), panel_series(store), last,
-                            store.events(events_after), first, last_finished, mean_step)
+        return LiveSnapshot(
+            task,
+            state,
+            int(task.get("train", {}).get("steps", 0)),
+            panel_series(store),
+            last,
+            store.events(events_after),
+            first,
+            last_finished,
+            mean_step,
+        )
     finally:
         store.close()
+
+
+QUIET_EVENTS = ("checkpoint",)  # one a step: the header shows the last one
+
+
+def event_line(event: dict) -> str | None:
+    """One event as the log shows it, or None for the kinds the header already shows. Events
+    whose message carries JSON (where the actors run, their dtypes) are said in words."""
+    kind, message = event["kind"], event["message"]
+    if kind in QUIET_EVENTS:
+        return None
+    if kind in ("placement", "precision") and ": {" in message:
+        import json
+
+        try:
+            detail = json.loads(message.split(": ", 1)[1])
+        except ValueError:
+            detail = None
+        if isinstance(detail, dict) and kind == "placement":
+            message = f"{len(detail)} actors on {len(set(detail.values()))} node(s)"
+        elif isinstance(detail, dict):
+            dtypes = sorted({str(d.get("dtype")) for d in detail.values() if isinstance(d, dict)})
+            message = f"actors compute in {', '.join(dtypes)}"
+    return f"step {event['step']:>4}  {kind:<10} {message}"
 
 
 def fmt_duration(seconds: float | None) -> str:

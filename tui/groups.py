@@ -1,5 +1,6 @@
 """The groups screen: one step's groups (sortable, filterable by agent and turn), the aggregate
 per (agent, turn) over all steps, and a group's candidates on selection."""
+
 from __future__ import annotations
 
 from textual.app import ComposeResult
@@ -9,9 +10,22 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from mas_lab.algo.groups import GroupStats
+from tui.navigation import FOLLOW_BINDING, STEP_BINDINGS, StepNavigation
 
-COLUMNS = ("problem_id", "role", "turn", "n", "reward_mean", "reward_std", "reward_min", "reward_max", "adv_min",
-           "adv_max", "zero_std", "kept")
+COLUMNS = (
+    "problem_id",
+    "role",
+    "turn",
+    "n",
+    "reward_mean",
+    "reward_std",
+    "reward_min",
+    "reward_max",
+    "adv_min",
+    "adv_max",
+    "zero_std",
+    "kept",
+)
 SORTS = ("problem_id", "reward_mean", "reward_std", "zero_std", "role", "turn")
 
 
@@ -33,40 +47,46 @@ class CandidatesScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical(id="candidates-box"):
             yield Label(self.title_text, id="candidates-title")
-            table = DataTable(id="candidates", zebra_stripes=True)
-            table.add_columns("ep", "turn", "role", "idx", "chosen", "reward", "team", "local", "advantage", "tokens", "response")
+            table: DataTable = DataTable(id="candidates", zebra_stripes=True)
+            table.add_columns(
+                "ep", "turn", "role", "idx", "chosen", "reward", "team", "local", "advantage", "tokens", "response"
+            )
             for c in self.candidates:
-                table.add_row(c["episode"], c["turn"], c["role"], c["idx"], "*" if c["chosen"] else "",
-                              cell(c["reward"]), cell(c["team"]), cell(c["local"]), f"{c['advantage']:+.3f}",
-                              c["response_tokens"], (c["response"] or "").replace("\n", " ")[:80])
+                table.add_row(
+                    c["episode"],
+                    c["turn"],
+                    c["role"],
+                    c["idx"],
+                    "*" if c["chosen"] else "",
+                    cell(c["reward"]),
+                    cell(c["team"]),
+                    cell(c["local"]),
+                    f"{c['advantage']:+.3f}",
+                    c["response_tokens"],
+                    (c["response"] or "").replace("\n", " ")[:80],
+                )
             yield table
             yield Footer()
 
 
-STEP = Binding.Group("step", compact=True)
-
-
-class GroupsScreen(Screen):
+class GroupsScreen(StepNavigation, Screen):
     BINDINGS = [
-        Binding("left_square_bracket", "step(-1)", "Prev step", group=STEP, key_display="["),
-        Binding("right_square_bracket", "step(1)", "Next step", group=STEP, key_display="]"),
+        *STEP_BINDINGS,
         Binding("a", "cycle_agent", "Agent filter"),
         Binding("t", "cycle_turn", "Turn filter"),
         Binding("s", "cycle_sort", "Sort"),
-        Binding("f", "toggle_follow", "Follow/pin", show=False),
+        FOLLOW_BINDING,
         Binding("v", "app.switch_mode('live')", "Live"),
         Binding("r", "app.switch_mode('replay')", "Replay"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps: list[int] = []
-        self.step_index = 0
+        self.init_steps()
         self.agent: str | None = None
         self.turn: int | None = None
         self.sort = "problem_id"
         self.shown: list[GroupStats] = []
-        self.follow = True  # while the run is live, jump to each new step (f pins the one shown)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -85,37 +105,39 @@ class GroupsScreen(Screen):
         self.on_screen_resume()
         self.set_interval(2.0, self.follow_live)
 
-    def follow_live(self) -> None:
-        if not self.follow or not self.app.control.status()["running"]:
-            return
-        steps = self.app.store.train_steps()
-        if steps != self.steps:
-            self.steps, self.step_index = steps, max(0, len(steps) - 1)
-            self.load()
+    def fetch_steps(self) -> list[int]:
+        return self.lab.store.episode_steps()
 
-    def action_toggle_follow(self) -> None:
-        self.follow = not self.follow
-        self.notify("following the newest step" if self.follow else f"pinned to step {self.step}")
+    def show_step(self, index: int) -> None:
+        self.step_index = max(0, min(len(self.steps) - 1, index))
+        self.load()
 
     def on_screen_resume(self) -> None:
-        self.steps = self.app.store.train_steps()
+        self.steps = self.lab.store.episode_steps()
         self.step_index = min(self.step_index, max(0, len(self.steps) - 1))
         self.load()
         aggregate = self.query_one("#aggregate", DataTable)
         aggregate.clear()
-        for row in self.app.store.group_aggregate():
-            aggregate.add_row(row["role"], row["turn"], row["groups"], cell(row["reward_mean"]), cell(row["reward_std"]),
-                              cell(row["zero_std_frac"]), f"{row['first_step']}-{row['last_step']}")
-
-    @property
-    def step(self) -> int | None:
-        return self.steps[self.step_index] if self.steps else None
+        for row in self.lab.store.group_aggregate():
+            aggregate.add_row(
+                row["role"],
+                row["turn"],
+                row["groups"],
+                cell(row["reward_mean"]),
+                cell(row["reward_std"]),
+                cell(row["zero_std_frac"]),
+                f"{row['first_step']}-{row['last_step']}",
+            )
 
     def load(self) -> None:
-        rows = self.app.store.groups(self.step) if self.step is not None else []
+        rows = self.lab.store.groups(self.step) if self.step is not None else []
         self.agents = sorted({r.role for r in rows})
         self.turns = sorted({r.turn for r in rows})
-        rows = [r for r in rows if (self.agent is None or r.role == self.agent) and (self.turn is None or r.turn == self.turn)]
+        rows = [
+            r
+            for r in rows
+            if (self.agent is None or r.role == self.agent) and (self.turn is None or r.turn == self.turn)
+        ]
         reverse = self.sort in ("reward_mean", "reward_std", "zero_std")
         self.shown = sorted(rows, key=lambda r: (getattr(r, self.sort), r.problem_id, r.turn), reverse=reverse)
         table = self.query_one("#groups", DataTable)
@@ -126,11 +148,6 @@ class GroupsScreen(Screen):
             f"groups of step {self.step} ({self.step_index + 1}/{len(self.steps)})   agent: {self.agent or 'all'}   "
             f"turn: {'all' if self.turn is None else self.turn}   sort: {self.sort}   {len(self.shown)} groups"
         )
-
-    def action_step(self, delta: int) -> None:
-        if self.steps:
-            self.step_index = max(0, min(len(self.steps) - 1, self.step_index + delta))
-            self.load()
 
     def _cycle(self, current, options):
         choices = [None, *options]
@@ -155,9 +172,9 @@ class GroupsScreen(Screen):
             self.load()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.data_table.id != "groups" or not self.shown:
+        if event.data_table.id != "groups" or not self.shown or self.step is None:
             return
         group = self.shown[event.cursor_row]
-        candidates = self.app.store.group_candidates(self.step, group.problem_id, group.role, group.turn)
+        candidates = self.lab.store.group_candidates(self.step, group.problem_id, group.role, group.turn)
         title = f"step {self.step}  problem {group.problem_id}  agent {group.role}  turn {group.turn}"
         self.app.push_screen(CandidatesScreen(title, candidates))

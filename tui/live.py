@@ -1,5 +1,8 @@
 """The live screen: run header, charts over steps, the event log, pause and resume."""
+
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
 
 from textual import work
 from textual.app import ComposeResult
@@ -10,7 +13,11 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Label, RichLog, Static
 from textual_plotext import PlotextPlot
 
-from tui.data import SPLIT, LiveSnapshot, fmt_duration, live_snapshot, now
+from mas_lab.plots import baseline_name
+from tui.data import SPLIT, LiveSnapshot, event_line, fmt_duration, live_snapshot, now
+
+if TYPE_CHECKING:
+    from tui.app import MasLabApp
 
 
 class SnapshotReady(Message):
@@ -44,6 +51,8 @@ class Chart(Vertical):
     def legend(self) -> str:
         parts = []
         for key, points in self.series.items():
+            if key.endswith(("_ci_low", "_ci_high")):  # drawn as the interval's ends, named by its point
+                continue
             values = [v for _, v in points]
             if values:
                 parts.append(f"{key} {_fmt(values[-1])} [{_fmt(min(values))}, {_fmt(max(values))}]")
@@ -69,11 +78,20 @@ class Chart(Vertical):
         plt.title(self.title)
         plt.xlabel("step")
         for key, points in self.series.items():
-            if points:
-                steps, values = [s for s, _ in points], [v for _, v in points]
-                marker = "dot" if len(points) < 3 or key.startswith("eval/") else "braille"
-                draw = plt.scatter if key.startswith("eval/") else plt.plot  # evals: points at their steps
-                draw(steps, values, marker=marker, label=key if len(self.series) > 1 else None)
+            if not points:
+                continue
+            steps, values = [s for s, _ in points], [v for _, v in points]
+            label = key if len(self.series) > 1 else None
+            if key.endswith(("_ci_low", "_ci_high")):  # the 95% interval's ends at each evaluation
+                plt.scatter(steps, values, marker="-", color="gray")
+            elif baseline_name(key) is not None:  # a baseline without a model: a line, not points
+                plt.plot(
+                    steps, values, marker="dot", color="gray" if key.endswith("constant_success") else None, label=label
+                )
+            elif key.startswith("eval/"):  # the team's evaluations: points at their steps, never joined
+                plt.scatter(steps, values, marker="o", label=label)
+            else:
+                plt.plot(steps, values, marker="dot" if len(points) < 3 else "braille", label=label)
         plot.refresh()
         self.query_one(".legend", Static).update(self.legend())
 
@@ -110,7 +128,7 @@ class LiveScreen(Screen):
 
     @work(thread=True, exclusive=True, group="live")
     def refresh_data(self) -> None:
-        snapshot = live_snapshot(self.app.run_dir, self.events_after)
+        snapshot = live_snapshot(cast("MasLabApp", self.app).run_dir, self.events_after)
         self.post_message(SnapshotReady(snapshot))
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
@@ -136,20 +154,25 @@ class LiveScreen(Screen):
         pending = state.get("pending") or []
         self.query_one("#pending", Static).update(
             f"{self.requested or pending[-1]} requested: waits for the step boundary (step {step + 1} in flight)"
-            if (self.requested or pending) and state.get("running") else ""
+            if (self.requested or pending) and state.get("running")
+            else ""
         )
         button = self.query_one("#pause", Button)
         button.label = "Resume" if paused else "Pause"
-        button.disabled = not state.get("running")
+        button.display = bool(state.get("running"))  # a finished run has nothing to pause
+        self.refresh_bindings()
         self._charts(snap)
         if snap.last:
             self.query_one("#split", Static).update(
-                "last step (s): " + "  ".join(f"{k} {snap.last.get(f'time/{k}', 0):.2f}" for k in SPLIT)
+                "last step (s): "
+                + "  ".join(f"{k} {snap.last.get(f'time/{k}', 0):.2f}" for k in SPLIT)
                 + f"\ntokens/s {snap.last.get('tokens_per_s', 0):.0f}"
             )
         log = self.query_one("#events", RichLog)
         for event in snap.events:
-            log.write(f"step {event['step']:>4}  {event['kind']:<10} {event['message']}")
+            line = event_line(event)
+            if line is not None:
+                log.write(line)
             self.events_after = max(self.events_after, event["ts"])
 
     def _charts(self, snap: LiveSnapshot) -> None:
@@ -160,6 +183,12 @@ class LiveScreen(Screen):
                 existing[panel].show(series)
             else:
                 box.mount(Chart(panel, title, series))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Pause and resume only while the run is live: hidden from the footer otherwise."""
+        if action == "toggle_pause":
+            return bool(self.snapshot and self.snapshot.state.get("running"))
+        return True
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "pause":
@@ -172,7 +201,7 @@ class LiveScreen(Screen):
             return
         wants_pause = not (state.get("paused") or self.requested == "pause")
         command = "pause" if wants_pause else "resume"
-        getattr(self.app.control, command)()
+        getattr(cast("MasLabApp", self.app).control, command)()
         self.requested = command
         self.query_one("#pending", Static).update(f"{command} requested: waits for the step boundary")
         self.notify(f"{command} requested")

@@ -1,9 +1,11 @@
 """The replay screen: a stored episode turn by turn and agent by agent, with every candidate.
 
 Only the episode on screen is loaded, so a store of any size opens at once."""
+
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,6 +15,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header, Input, Label, OptionList, Static
 
 from mas_lab.episode_text import candidate_headline
+from tui.navigation import FOLLOW_BINDING, STEP_BINDINGS, StepNavigation
 
 
 def candidate_text(c: dict, label: str = "") -> Text:
@@ -50,14 +53,13 @@ class CompareScreen(ModalScreen):
             yield VerticalScroll(Static(candidate_text(self.worst, "worst: "), id="worst"))
 
 
-STEP, EPISODE, TURN, AGENT = (Binding.Group(name, compact=True) for name in ("step", "episode", "turn", "agent"))
+EPISODE, TURN, AGENT = (Binding.Group(name, compact=True) for name in ("episode", "turn", "agent"))
 
 
-class ReplayScreen(Screen):
+class ReplayScreen(StepNavigation, Screen):
     # the footer shows the grouped walk keys and the mode switches (it fits 100 columns); `?` lists all
     BINDINGS = [
-        Binding("left_square_bracket", "step(-1)", "Prev step", group=STEP, key_display="["),
-        Binding("right_square_bracket", "step(1)", "Next step", group=STEP, key_display="]"),
+        *STEP_BINDINGS,
         Binding("comma", "episode(-1)", "Prev episode", group=EPISODE, key_display=","),
         Binding("full_stop", "episode(1)", "Next episode", group=EPISODE, key_display="."),
         Binding("k", "turn(-1)", "Prev turn", group=TURN),
@@ -68,21 +70,19 @@ class ReplayScreen(Screen):
         Binding("slash", "search", "Search", show=False),
         Binding("c", "compare", "Compare", show=False),
         Binding("e", "toggle_kind", "Train/eval"),
-        Binding("f", "toggle_follow", "Follow/pin", show=False),
+        FOLLOW_BINDING,
         Binding("g", "app.switch_mode('groups')", "Groups", show=False),
         Binding("v", "app.switch_mode('live')", "Live"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps: list[int] = []
-        self.step_index = 0
+        self.init_steps()
         self.episodes: list[int] = []
         self.episode_index = 0
-        self.episode: dict | None = None
+        self.episode: Any = None  # the store's record of the episode shown (a dict), or None
         self.pos = 0  # index into the episode's (turn, agent) rows
         self.kind = "train"  # or "eval": the held-out episodes
-        self.follow = True  # while the run is live, jump to each new step (f pins the one shown)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -98,7 +98,7 @@ class ReplayScreen(Screen):
     def on_mount(self) -> None:
         at = getattr(self.app, "replay_at", {})
         self.kind = at.get("kind") or self.kind
-        self.steps = self.app.store.train_steps(self.kind)
+        self.steps = self.lab.store.episode_steps(self.kind)
         step = at.get("step")
         self.load_step(self.steps.index(step) if step in self.steps else 0)
         if at.get("episode") in self.episodes:
@@ -106,47 +106,37 @@ class ReplayScreen(Screen):
         self.set_interval(2.0, self.follow_live)
 
     def on_screen_resume(self) -> None:
-        steps = self.app.store.train_steps(self.kind)
+        steps = self.lab.store.episode_steps(self.kind)
         if steps != self.steps:
             self.steps = steps
             if self.episode is None:
                 self.load_step(0)
 
-    def follow_live(self) -> None:
-        """While the run is live and not pinned, show the newest step as it lands."""
-        if not self.follow or not self.app.control.status()["running"]:
-            return
-        steps = self.app.store.train_steps(self.kind)
-        if steps != self.steps:
-            self.steps = steps
-            self.load_step(len(steps) - 1)
+    def fetch_steps(self) -> list[int]:
+        return self.lab.store.episode_steps(self.kind)
 
-    def action_toggle_follow(self) -> None:
-        self.follow = not self.follow
-        self.notify("following the newest step" if self.follow else f"pinned to step {self.step}")
+    def show_step(self, index: int) -> None:
+        self.load_step(index)
 
     def action_toggle_kind(self) -> None:
         self.kind = "eval" if self.kind == "train" else "train"
-        self.steps = self.app.store.train_steps(self.kind)
+        self.steps = self.lab.store.episode_steps(self.kind)
         self.load_step(0)
         self.notify(f"{self.kind} episodes")
 
     # --- loading ---------------------------------------------------------------------------------
-    @property
-    def step(self) -> int | None:
-        return self.steps[self.step_index] if self.steps else None
-
     def load_step(self, index: int, episode: int = 0, pos: int = 0) -> None:
         if not self.steps:
             self.query_one("#where", Static).update(f"no {self.kind} steps in this run yet")
             return
         self.step_index = max(0, min(len(self.steps) - 1, index))
-        self.episodes = self.app.store.episode_indices(self.step, self.kind)
+        self.episodes = self.lab.store.episode_indices(self.steps[self.step_index], self.kind)
         self.load_episode(min(episode, max(0, len(self.episodes) - 1)), pos)
 
     def load_episode(self, index: int, pos: int = 0) -> None:
         self.episode_index = index
-        self.episode = self.app.store.episode(self.step, self.episodes[index], self.kind) if self.episodes else None
+        step = self.steps[self.step_index]
+        self.episode = self.lab.store.episode(step, self.episodes[index], self.kind) if self.episodes else None
         turns = self.query_one("#turns", OptionList)
         turns.clear_options()
         if self.episode:
@@ -169,14 +159,20 @@ class ReplayScreen(Screen):
         self.query_one("#turns", OptionList).highlighted = self.pos
         # Text.assemble: a styled heading, then plain text (Text + Text would carry the heading's
         # style over the whole body)
-        self.query_one("#observation", Static).update(Text.assemble(
-            (f"observation of {row['role']} at turn {row['turn']}:\n", "bold underline"), row["observation"]))
+        self.query_one("#observation", Static).update(
+            Text.assemble(
+                (f"observation of {row['role']} at turn {row['turn']}:\n", "bold underline"), row["observation"]
+            )
+        )
         text = Text.assemble((f"{len(row['candidates'])} candidates\n", "bold underline"))
         for c in row["candidates"]:
             text.append_text(candidate_text(c))
         self.query_one("#candidates", Static).update(text)
-        self.query_one("#state", Static).update(Text.assemble(("state after the chosen action:\n", "bold underline"),
-                                                              row["state_after"] or json.dumps(problem)))
+        self.query_one("#state", Static).update(
+            Text.assemble(
+                ("state after the chosen action:\n", "bold underline"), row["state_after"] or json.dumps(problem)
+            )
+        )
 
     @property
     def current(self) -> dict | None:
@@ -214,18 +210,18 @@ class ReplayScreen(Screen):
             self.show(event.option_index)
 
     def jump_to_turn(self, turn_id: int) -> None:
-        found = self.app.store.turn_location(turn_id)
+        found = self.lab.store.turn_location(turn_id)
         if found is None:
             return
         step, episode = found
         if self.kind != "train":  # search and zero-std jumps land on training episodes
-            self.kind, self.steps = "train", self.app.store.train_steps()
-        self.load_step(self.steps.index(step), self.app.store.episode_indices(step).index(episode))
+            self.kind, self.steps = "train", self.lab.store.episode_steps()
+        self.load_step(self.steps.index(step), self.lab.store.episode_indices(step).index(episode))
         self.show(next(i for i, r in enumerate(self.episode["turns"]) if r["id"] == turn_id))
 
     def action_next_zero_std(self) -> None:
         """The next (turn, agent) after this one, in this or a later episode, whose K rewards are equal."""
-        found = self.app.store.next_zero_std_turn(self.current["id"] if self.current else 0)
+        found = self.lab.store.next_zero_std_turn(self.current["id"] if self.current else 0)
         if found is not None:
             self.jump_to_turn(found)
         else:
@@ -235,7 +231,7 @@ class ReplayScreen(Screen):
         def done(text: str | None) -> None:
             if not text:
                 return
-            hits = self.app.store.search(text)
+            hits = self.lab.store.search(text)
             after = self.current["id"] if self.current else 0
             later = [h for h in hits if h["turn_id"] > after] or hits
             if later:

@@ -2,15 +2,34 @@
 
 The loss needs torch; it is imported on first use, so readers of the run store (replay, the
 dashboard) that use the group types do not load torch."""
+
 from mas_lab.algo.advantage import grpo_advantages, is_zero_std
 from mas_lab.algo.filters import FilterReport, filter_groups
-from mas_lab.algo.groups import (Candidate, Group, GroupError, GroupKey, GroupStats, build_groups, build_trajectory_groups,
-                                 group_stats)
+from mas_lab.algo.groups import (
+    Candidate,
+    Group,
+    GroupError,
+    GroupKey,
+    GroupStats,
+    build_groups,
+    build_trajectory_groups,
+    group_stats,
+)
 
 __all__ = [
-    "Candidate", "Group", "GroupError", "GroupKey", "GroupStats", "build_groups", "build_trajectory_groups",
-    "group_stats", "grpo_advantages", "is_zero_std",
-    "FilterReport", "filter_groups", "clipped_policy_loss",
+    "Candidate",
+    "Group",
+    "GroupError",
+    "GroupKey",
+    "GroupStats",
+    "build_groups",
+    "build_trajectory_groups",
+    "group_stats",
+    "grpo_advantages",
+    "is_zero_std",
+    "FilterReport",
+    "filter_groups",
+    "clipped_policy_loss",
 ]
 
 

@@ -3,6 +3,7 @@
 A_c = (r_c - mean(r)) / (std(r) + eps), with the sample standard deviation over the group's K
 rewards. A group whose rewards are all equal carries no signal and gets all-zero advantages.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,3 +24,16 @@ def grpo_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
         return [0.0] * k
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (k - 1))
     return [(r - mean) / (std + eps) for r in rewards]
+
+
+def rloo_advantages(rewards: list[float]) -> list[float]:
+    """Leave-one-out: each reward against the mean of the other K-1 (RLOO; Kool et al. 2019,
+    Ahmadian et al. 2024): A_c = r_c - (sum(r) - r_c) / (K - 1) = K / (K - 1) * (r_c - mean(r)).
+    Unscaled by the spread, so it sums to exactly zero and a zero-spread group gets zeros."""
+    k = len(rewards)
+    if k < 2:
+        raise ValueError("a leave-one-out baseline needs at least two rewards")
+    if is_zero_std(rewards):
+        return [0.0] * k
+    total = sum(rewards)
+    return [r - (total - r) / (k - 1) for r in rewards]

@@ -1,8 +1,9 @@
-"""Optional group filters (AT_GRPO.md "Group filters"). Every filter reports what it dropped.
+"""Optional group filters (docs/algorithm.md, "Group filters"). Every filter reports what it dropped.
 
 `zero_std` drops groups whose rewards are all equal: their advantages are zero, so they add
 tokens to the loss's denominator without adding gradient.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

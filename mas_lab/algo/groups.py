@@ -2,8 +2,9 @@
 
 Under tree sampling all K candidates of a group come from one observation, so a group is only
 valid if it has exactly K members with one prompt (checked by hash), one problem, one agent and
-one turn (AT_GRPO.md invariants 1 and 4).
+one turn (docs/algorithm.md, invariants 1 and 4).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -98,18 +99,20 @@ class Group:
                 candidate.advantage = advantage
 
 
-def build_groups(candidates: list[Candidate], k: int) -> list[Group]:
-    """Group candidates by (problem, agent, turn) and check every invariant of a group."""
+def build_groups(candidates: list[Candidate], k: int, role_k: dict[str, int] | None = None) -> list[Group]:
+    """Group candidates by (problem, agent, turn) and check every invariant of a group: exactly K
+    members (`role_k`: a role's own K, roles[].k), one observation, indices 0..K-1."""
     by_key: dict[GroupKey, list[Candidate]] = {}
     for candidate in candidates:
         by_key.setdefault(candidate.key, []).append(candidate)
     groups = []
     for key, members in by_key.items():
-        if len(members) != k:
-            raise GroupError(f"group {key} has {len(members)} members, expected exactly K={k}")
+        size = (role_k or {}).get(key.role, k)
+        if len(members) != size:
+            raise GroupError(f"group {key} has {len(members)} members, expected exactly K={size}")
         if len({m.prompt_hash for m in members}) != 1:
             raise GroupError(f"group {key} mixes prompts: its candidates did not share one observation")
-        if sorted(m.index for m in members) != list(range(k)):
+        if sorted(m.index for m in members) != list(range(size)):
             raise GroupError(f"group {key} has duplicated or missing candidate indices")
         members = sorted(members, key=lambda m: m.index)
         groups.append(Group(key, [[m] for m in members], [m.reward for m in members]))
@@ -117,7 +120,7 @@ def build_groups(candidates: list[Candidate], k: int) -> list[Group]:
 
 
 def build_trajectory_groups(trajectories: list[tuple[str, list[Candidate]]], k: int) -> list[Group]:
-    """Trajectory-level groups (plain GRPO applied to a MAS, AT_GRPO.md "Baselines"): the K
+    """Trajectory-level groups (plain GRPO applied to a MAS, docs/algorithm.md "Baselines"): the K
     independent trajectories of one problem form its group; R = mean reward of a trajectory."""
     by_problem: dict[str, list[list[Candidate]]] = {}
     for problem_id, candidates in trajectories:
@@ -156,8 +159,14 @@ def group_stats(group: Group, kept: bool) -> GroupStats:
     rewards = group.rewards
     advantages = [unit[0].advantage for unit in group.units]
     return GroupStats(
-        *group.key, n=len(rewards), reward_mean=statistics.fmean(rewards),
+        *group.key,
+        n=len(rewards),
+        reward_mean=statistics.fmean(rewards),
         reward_std=statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
-        reward_min=min(rewards), reward_max=max(rewards), adv_min=min(advantages), adv_max=max(advantages),
-        zero_std=is_zero_std(rewards), kept=kept,
+        reward_min=min(rewards),
+        reward_max=max(rewards),
+        adv_min=min(advantages),
+        adv_max=max(advantages),
+        zero_std=is_zero_std(rewards),
+        kept=kept,
     )

@@ -9,6 +9,7 @@ Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework sec
 off-policy RL training"): the rollout engine samples from pi_sampler, whose numerics differ from
 the learner's pi_old; each token's loss is weighted by w = min(pi_old / pi_sampler, C), detached.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,9 +55,25 @@ def clipped_policy_loss(
         raise ValueError(f"unknown loss aggregation '{agg}'")
     with torch.no_grad():
         was_clipped = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)).to(logp.dtype) * mask
-        stats = {"clipped_tokens": float(was_clipped.sum()), "tokens": float(mask.sum()),
-                 "ratio_sum": float((ratio * mask).sum())}
+        stats = {
+            "clipped_tokens": float(was_clipped.sum()),
+            "tokens": float(mask.sum()),
+            "ratio_sum": float((ratio * mask).sum()),
+        }
         if mask.any():
             picked = ratio[mask.bool()]
             stats["ratio_min"], stats["ratio_max"] = float(picked.min()), float(picked.max())
     return loss, stats
+
+
+def kl_penalty(
+    logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, normalizer: float
+) -> tuple[torch.Tensor, float]:
+    """The KL penalty to a reference policy (GRPO, Shao et al. 2024, Eq. 4), per token with the k3
+    estimator (Schulman 2020): exp(ref - logp) - (ref - logp) - 1, >= 0, unbiased for
+    KL(current || reference) under the current policy's samples; summed over the response tokens and
+    divided by `normalizer` (the loss's token count). Its gradient in logp is 1 - exp(ref - logp).
+    Returns the penalty (with gradient) and the sum of the per-token values (for the metric)."""
+    delta = (logp_ref.detach() - logp) * mask.to(logp.dtype)
+    per_token = (torch.exp(delta) - delta - 1.0) * mask.to(logp.dtype)
+    return per_token.sum() / normalizer, float(per_token.detach().sum())

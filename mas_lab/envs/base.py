@@ -5,6 +5,7 @@ in turn order inside a turn, each action is a micro-transition of the state. `cl
 independent copy, so each of the K candidates of a (turn, agent) is scored on its own branch
 (Algorithm 1, line "each candidate scored on its own copy").
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,9 +14,10 @@ import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import Self
 
 
 @dataclass
@@ -72,8 +74,15 @@ class Env(ABC):
         self.history: list[tuple[int, str, str]] = []  # (turn, role, chosen action)
 
     @classmethod
-    def draw_problem(cls, rng: random.Random, params: EnvParams | Mapping[str, Any] | None = None,
-                     split: str = "train") -> Problem:
+    def roles_for(cls, params: "EnvParams | Mapping[str, Any] | None") -> tuple[str, ...]:
+        """The team's roles in turn order under `params` (an environment with a configurable
+        workflow overrides it; by default its `roles`)."""
+        return cls.roles
+
+    @classmethod
+    def draw_problem(
+        cls, rng: random.Random, params: EnvParams | Mapping[str, Any] | None = None, split: str = "train"
+    ) -> Problem:
         """Draw one problem from the seeded generator (or the `split` data set: train or eval)."""
         return cls._draw(rng, cls.Params.coerce(params), split)
 
@@ -119,11 +128,16 @@ class Env(ABC):
     def done(self) -> bool:
         return self.success
 
+    def team_value(self) -> float:
+        """The team reward of the live state (what the episode ends with): each environment's own,
+        since in a parallel workflow no single action's branch holds the whole turn."""
+        return float(self.success)
+
     def render(self) -> str:
         """A text picture of the state, for replay."""
         return ""
 
-    def adopt(self, role: str, branch: "Env") -> None:
+    def adopt(self, role: str, branch: Self) -> None:
         """Parallel workflows: take over what `role`'s chosen action did in `branch`, the clone of
         this turn's start state where it was scored (the action is not run again, so the live
         state is exactly the scored one, and a program runs once). Parallel envs implement it."""
@@ -142,7 +156,7 @@ class Env(ABC):
         out.append({"role": "user", "content": self.observe(role, turn)})
         return out
 
-    def clone(self) -> "Env":
+    def clone(self) -> Self:
         """An independent copy of the live state; the problem and other read-only attributes
         (`shared`) are shared, not copied."""
         new = copy.copy(self)
@@ -166,7 +180,15 @@ class ProblemPool:
     `train(i)` is deterministic in (seed, i), so a cursor resumes.
     """
 
-    def __init__(self, env_cls: type[Env], params: EnvParams | Mapping[str, Any] | None, seed: int, eval_size: int):
+    def __init__(
+        self,
+        env_cls: type[Env],
+        params: EnvParams | Mapping[str, Any] | None,
+        seed: int,
+        eval_size: int,
+        hard: Callable[[Problem], bool] | None = None,
+        hard_size: int = 0,
+    ):
         self.env_cls = env_cls
         self.params = env_cls.Params.coerce(params)
         self.seed = seed
@@ -181,8 +203,25 @@ class ProblemPool:
                 seen.add(problem.content_hash)
                 self.eval_set.append(problem)
             elif attempts > 200 * EVAL_SHARE * (eval_size + 1):
-                raise ValueError(f"env '{env_cls.__name__}' cannot make {eval_size} distinct evaluation problems; "
-                                 "widen its parameters or evaluate fewer")
+                raise ValueError(
+                    f"env '{env_cls.__name__}' cannot make {eval_size} distinct evaluation problems; "
+                    "widen its parameters or evaluate fewer"
+                )
+        # more held-out problems that `hard` accepts (a hard split evaluated beside the set above)
+        self.hard_set: list[Problem] = []
+        rng, attempts = random.Random(f"hard-{seed}"), 0
+        while hard is not None and len(self.hard_set) < hard_size:
+            problem = env_cls.draw_problem(rng, self.params, "eval")
+            attempts += 1
+            if problem.content_hash not in seen and env_cls.held_out(problem, self.params) and hard(problem):
+                seen.add(problem.content_hash)
+                self.hard_set.append(problem)
+            elif attempts > 2000 * EVAL_SHARE * (hard_size + 1):
+                raise ValueError(
+                    f"env '{env_cls.__name__}' yields too few hard held-out problems for {hard_size} "
+                    f"(found {len(self.hard_set)} in {attempts} draws); widen its parameters (walls, "
+                    "distances) or ask for fewer"
+                )
         self._train_rng = random.Random(f"train-{seed}")
         self._train: list[Problem] = []
 
@@ -196,6 +235,27 @@ class ProblemPool:
                 raise ValueError("the generator yields only evaluation problems; widen its parameters")
             self._train.append(problem)
         return self._train[index]
+
+    def distinct_train(self, cursor: int, count: int) -> tuple[list[Problem], int]:
+        """`count` distinct training problems from index `cursor` on (a repeated problem would merge
+        two groups), and the cursor after them. Raises ValueError when the generator keeps
+        repeating itself: its parameters allow fewer distinct problems than a step needs."""
+        chosen: list[Problem] = []
+        seen: set[str] = set()
+        drawn = 0
+        while len(chosen) < count:
+            problem = self.train(cursor)
+            cursor += 1
+            drawn += 1
+            if problem.id not in seen:
+                seen.add(problem.id)
+                chosen.append(problem)
+            elif drawn > 200 * count:
+                raise ValueError(
+                    f"train.problems_per_step: the environment yields only {len(chosen)} distinct training problems "
+                    f"in {drawn} draws, fewer than {count}; widen env.params or ask for fewer"
+                )
+        return chosen, cursor
 
     def make(self, problem: Problem) -> Env:
         return self.env_cls(problem, self.params)

@@ -17,6 +17,7 @@ they decide "completed", so the reward also requires that they fail against triv
 implementations (`MUTANTS`) and against the reference with every answer changed (`PERTURBED`):
 a test that passes everything, or checks only a type or "not None", earns nothing.
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 from mas_lab.sandbox import Limits, spawned
 
-_CODEC = '''
+_CODEC = """
 import math as _math
 def _encode(v):
     if isinstance(v, float) and not _math.isfinite(v):
@@ -56,9 +57,9 @@ def _decode(v):
     if isinstance(v, dict):
         return {_decode(k): _decode(x) for k, x in v.items()}
     return v
-'''
+"""
 
-_SERVER = '''
+_SERVER = """
 import ast as _ast, json as _json, os as _os, sys as _sys
 _requests = _os.fdopen(_os.dup(0), "r")
 _replies = _os.fdopen(_os.dup(1), "w")
@@ -75,9 +76,9 @@ for _line in _requests:
         _reply = {{"id": _request["id"], "ok": False, "error": type(_error).__name__}}
     _replies.write(_json.dumps(_reply) + "\\n")
     _replies.flush()
-'''
+"""
 
-_TESTER = '''
+_TESTER = """
 import ast as _ast, json as _json, os as _os, sys as _sys
 _requests = _os.fdopen(_os.dup(1), "w")
 _replies = _os.fdopen(_os.dup(0), "r")
@@ -109,7 +110,7 @@ for _test in {tests!r}:
         _results.append([False, _calls[0] > _before])
 _requests.write(_json.dumps({{"verdict": _results}}) + "\\n")
 _requests.flush()
-'''
+"""
 
 # Trivially wrong implementations a meaningful test must reject (for the tester's reward).
 MUTANTS = (
@@ -120,26 +121,58 @@ MUTANTS = (
     "def {name}(*args, **kwargs):\n    return args[0] if args else None\n",
     "def {name}(*args, **kwargs):\n    raise ValueError('not implemented')\n",
 )
-# The reference with every answer slightly changed: a test that rejects it checks the actual value.
+# The reference with every answer changed, in three ways a test must each reject: it then checks
+# the actual value. With one fixed change (append None, append '#') a test that checks no value
+# could tell the change apart ("assert None not in f(x)", "assert not f(x).endswith('#')"); each
+# way here changes the answer with its own elements (grow by repeating one, shrink, or change one),
+# so only a test that knows the answer rejects all three.
 PERTURBED = """{reference}
-def _mas_lab_perturb(v):
+def _mas_lab_perturb(v, way):
     if isinstance(v, bool):
         return not v
     if isinstance(v, (int, float, complex)):
-        return v + 1
+        return v + (1, -1, 2)[way]
     if isinstance(v, (str, bytes)):
-        return v + type(v)("#" if isinstance(v, str) else b"#")
+        unit = v[-1:] or (b"a" if isinstance(v, bytes) else "a")
+        if way == 0:
+            return v + unit
+        if not v:
+            return unit
+        if way == 1:
+            return v[:-1]
+        return v[:-1] + (bytes([v[-1] ^ 1]) if isinstance(v, bytes) else chr(ord(v[-1]) ^ 1))
     if isinstance(v, (list, tuple)):
-        return v + type(v)([None])
+        items = list(v)
+        if way == 0:
+            items = items + items[-1:] if items else [0]
+        elif way == 1:
+            items = items[:-1] if items else [0]
+        else:
+            items = items[:-1] + [_mas_lab_perturb(items[-1], 0)] if items else [0]
+        return type(v)(items)
     if isinstance(v, (set, frozenset)):
-        return type(v)(set(v) | {{None}})
+        items = set(v)
+        if way == 1 and items:
+            items.discard(next(iter(items)))
+        else:
+            items.add(max((x for x in items if isinstance(x, int) and not isinstance(x, bool)), default=0) + 1)
+        return type(v)(items)
     if isinstance(v, dict):
-        return {{**v, None: None}}
+        items = dict(v)
+        if way == 1 and items:
+            items.pop(next(iter(items)))
+        elif items:
+            key = next(iter(items))
+            items[key] = _mas_lab_perturb(items[key], 0)
+        else:
+            items[0] = 0
+        return items
     return 0 if v is None else None
 """
+PERTURBATIONS = 3
 PERTURBED_FUNCTION = """_mas_lab_reference_{name} = {name}
 def {name}(*args, **kwargs):
-    return _mas_lab_perturb(_mas_lab_reference_{name}(*args, **kwargs))
+    return _mas_lab_perturb(_mas_lab_reference_{name}(*args, **kwargs), {way})
 """
 MAX_LINE = 1 << 20
 
@@ -179,7 +212,8 @@ def served_names(implementation: str, tests: list[str], setup: str = "", expecte
     import builtins
 
     defined = functions(implementation)
-    used, bound = set(), set(dir(builtins)) - set(expected)
+    used: set[str] = set()
+    bound = set(dir(builtins)) - set(expected)
     for code in [*tests, setup]:
         for node in ast.walk(_tree(code)):
             if isinstance(node, ast.Name):
@@ -196,8 +230,7 @@ def served_names(implementation: str, tests: list[str], setup: str = "", expecte
     return [name for name in dict.fromkeys(defined) if name in used and name not in bound]
 
 
-def judge(tests: list[str], implementation: str, names: list[str], setup: str = "",
-          wall_s: float = 10.0) -> Verdict:
+def judge(tests: list[str], implementation: str, names: list[str], setup: str = "", wall_s: float = 10.0) -> Verdict:
     """Run `tests` against `implementation` in two sandboxes (module docstring); never raises."""
     failed = Verdict([False] * len(tests), [False] * len(tests), "error")
     if not tests:
@@ -210,11 +243,14 @@ def judge(tests: list[str], implementation: str, names: list[str], setup: str = 
         with spawned(server_code, limits) as server, spawned(tester_code, limits) as tester:
             for proc in (server, tester):  # prints go to stderr: drain it, or a chatty program blocks
                 threading.Thread(target=_discard, args=(proc.stderr,), daemon=True).start()
+            assert server.stdout is not None and tester.stdout is not None and tester.stdin is not None  # piped
             server_lines, tester_lines = _Lines(server.stdout.fileno()), _Lines(tester.stdout.fileno())
             while True:
                 line = tester_lines.next(deadline)
                 if line is None:
-                    return Verdict(failed.passed, failed.exercised, "timeout" if time.monotonic() >= deadline else "error")
+                    return Verdict(
+                        failed.passed, failed.exercised, "timeout" if time.monotonic() >= deadline else "error"
+                    )
                 message = _json(line)
                 if "verdict" in message:
                     results = message["verdict"]
@@ -226,6 +262,27 @@ def judge(tests: list[str], implementation: str, names: list[str], setup: str = 
                 tester.stdin.flush()
     except (OSError, ValueError):
         return failed
+
+
+def judge_apart(
+    tests: list[str], implementation: str, names: list[str], setup: str = "", wall_s: float = 10.0
+) -> Verdict:
+    """`judge`, each test in a tester process of its own. Untrusted tests (the tester role's) run
+    in the tester program: one of them could write the verdict line for its whole batch and exit,
+    so that three tests that check nothing passed as meaningful with it. Alone, a test can only
+    speak for itself. The pairs of processes run a few at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not tests:
+        return Verdict([], [], "ok")
+    with ThreadPoolExecutor(max_workers=min(4, len(tests))) as pool:
+        verdicts = list(pool.map(lambda test: judge([test], implementation, names, setup, wall_s), tests))
+    statuses = {v.status for v in verdicts}
+    return Verdict(
+        [v.passed[0] for v in verdicts],
+        [v.exercised[0] for v in verdicts],
+        "ok" if statuses == {"ok"} else "timeout" if "timeout" in statuses else "error",
+    )
 
 
 def _discard(stream) -> None:

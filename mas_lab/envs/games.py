@@ -1,4 +1,4 @@
-"""The shared protocol of the game tasks (Plan-Path, Sokoban, Sudoku), PAPER.md "Games / planning".
+"""The shared protocol of the game tasks (Plan-Path, Sokoban, Sudoku), paper Sec. 5 (docs/algorithm.md, "Roles, turns and rewards").
 
 Roles, in turn order: the tool agent writes a short Python program whose printed output is an
 answer (a move list, a grid); it runs in the sandbox and its output is parsed. The planner sees
@@ -10,13 +10,14 @@ Rewards (stored as separate components, alpha per role in the task file):
 - tool agent local: 0.1 ran + 0.1 printed a parseable answer + 0.8 * value of applying it;
 - planner / solver local: 0.2 format (parseable and legal) + 0.8 * value of the state after it.
 """
+
 from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mas_lab.envs.base import ActionResult, Env, EnvParams, Problem
 from mas_lab.sandbox import Limits, run_python
@@ -36,23 +37,128 @@ def extract_code(text: str) -> str:
     return opened.group(1) if opened else text
 
 
+KIND_WEIGHTS = {  # the local reward of each kind of role: weight x component (the paper's shaping)
+    "program": {"ran": 0.1, "parsed": 0.1, "value": 0.8},
+    "answer": {"format": 0.2, "value": 0.8},
+}
+
+
+class WorkflowRole(BaseModel):
+    """One agent of a game's workflow (`env.params.workflow`), in turn order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$", description="the role's name (roles[].name)")
+    kind: Literal["program", "answer"] = Field(
+        description="program: writes a Python program whose printed output is parsed as an answer and "
+        "scored on a trial copy of the state (the live state does not change); answer: states an "
+        "answer that is applied to the live state"
+    )
+    sees: list[str] = Field(
+        [],
+        description="the other roles whose latest reply this one reads: a program role's code and "
+        "output, an answer role's reply",
+    )
+    system: str | None = Field(None, description="its system prompt (default: its kind's, naming the role)")
+    weights: dict[str, float] | None = Field(
+        None,
+        description="its local reward: weight per component (program: ran, parsed, value; answer: "
+        "format, value; default 0.1/0.1/0.8 and 0.2/0.8)",
+    )
+
+    @model_validator(mode="after")
+    def _known_components(self) -> "WorkflowRole":
+        allowed = KIND_WEIGHTS[self.kind]
+        unknown = sorted(set(self.weights or {}) - set(allowed))
+        if unknown:
+            raise ValueError(f"weights of a {self.kind} role: unknown {unknown}; allowed: {sorted(allowed)}")
+        return self
+
+    @property
+    def local_weights(self) -> dict[str, float]:
+        """Every component's weight, in the kind's order (the sum is taken in it)."""
+        return {
+            k: (self.weights or {}).get(k, w if self.weights is None else 0.0)
+            for k, w in KIND_WEIGHTS[self.kind].items()
+        }
+
+
+DEFAULT_WORKFLOW = (
+    WorkflowRole(role="tool", kind="program"),
+    WorkflowRole(role="planner", kind="answer", sees=["tool"]),
+)
+
+
 class GameParams(EnvParams):
     tool_timeout_s: float = Field(3.0, gt=0.0, le=60.0, description="wall-clock limit of one tool program (s)")
+    workflow: list[WorkflowRole] | None = Field(
+        None,
+        description="the team's roles in turn order, each a program or an answer role with what it "
+        "sees and its local reward (default: tool (program) then planner (answer, sees tool), the "
+        "paper's workflow); e.g. a third role verifier (answer, sees tool and planner)",
+    )
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, workflow: list[WorkflowRole] | None) -> list[WorkflowRole] | None:
+        if workflow is None:
+            return workflow
+        names = [r.role for r in workflow]
+        if len(set(names)) != len(names):
+            raise ValueError(f"role names repeat: {names}")
+        if "solver" in names:
+            raise ValueError("'solver' is the single-agent baseline's role; name the role otherwise")
+        if not any(r.kind == "answer" for r in workflow):
+            raise ValueError("no answer role (one role must state the answer applied to the state)")
+        for r in workflow:
+            for seen in r.sees:
+                if seen not in names or seen == r.role:
+                    raise ValueError(f"{r.role} sees '{seen}'; allowed: {[n for n in names if n != r.role]}")
+        return workflow
 
 
 class ToolPlannerEnv(Env):
+    """The game protocol as a workflow of program and answer roles (`env.params.workflow`; by
+    default the paper's tool agent then planner)."""
+
     roles = ("tool", "planner")
     answer_role = "planner"  # the solver of the single-agent baseline answers the same way
     Params = GameParams
+    params: GameParams
     answer_hint = ""  # how the planner states its answer, e.g. "Moves: R D"
     program_hint = ""  # what the tool agent's program must print
-    answer_example = ""  # a worked example for the system prompt (its answer is among constant_answers)
-    program_example = ""
+
+    @property
+    def answer_example(self) -> str:
+        """A worked example for the system prompt (its answer is among constant_answers); none here."""
+        return ""
+
+    @property
+    def program_example(self) -> str:
+        return ""
+
+    @property
+    def tool_library(self) -> str:
+        """Python source the sandbox runs before the tool agent's program (functions it may call);
+        empty by default. Only the agent's own code is shown to the planner and stored."""
+        return ""
 
     def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
-        self.tool_code = ""
+        self.tool_code = ""  # the latest program role's code and output
         self.tool_output = ""
+        self.replies: dict[str, tuple[str, str]] = {}  # role -> (code, output) or (reply, "")
+
+    @classmethod
+    def roles_for(cls, params: Any) -> tuple[str, ...]:
+        return tuple(r.role for r in cls.workflow_of(cls.Params.coerce(params)))
+
+    @classmethod
+    def workflow_of(cls, params: Any) -> tuple[WorkflowRole, ...]:
+        return tuple(params.workflow) if params.workflow is not None else DEFAULT_WORKFLOW
+
+    def spec(self, role: str) -> WorkflowRole | None:
+        return next((r for r in self.workflow_of(self.params) if r.role == role), None)
 
     # --- what each game defines ------------------------------------------------------------------
     @abstractmethod
@@ -76,44 +182,73 @@ class ToolPlannerEnv(Env):
         """Team reward of the current state: 1 when solved."""
 
     # --- the protocol ------------------------------------------------------------------------------
-    @property
-    def system_prompts(self) -> dict[str, str]:
-        return {
-            "tool": f"You are the tool agent. Write a short Python program that {self.program_hint}. "
-                    f"Reply with one ```python code block.{self.program_example}",
-            "planner": f"You are the planner. Solve the task. {self.answer_hint}{self.answer_example}",
-            "solver": f"Solve the task. {self.answer_hint}{self.answer_example}",
-        }
+    @property  # computed from the hints (Env declares a plain class attribute for fixed prompts)
+    def system_prompts(self) -> dict[str, str]:  # type: ignore[override]
+        prompts = {}
+        for r in self.workflow_of(self.params):
+            if r.system is not None:
+                prompts[r.role] = r.system
+            elif r.kind == "program":
+                prompts[r.role] = (
+                    f"You are the {r.role} agent. Write a short Python program that {self.program_hint}. "
+                    f"Reply with one ```python code block.{self.program_example}"
+                )
+            else:
+                prompts[r.role] = f"You are the {r.role}. Solve the task. {self.answer_hint}{self.answer_example}"
+        prompts["solver"] = f"Solve the task. {self.answer_hint}{self.answer_example}"
+        return prompts
+
+    def _seen(self, role: str) -> str:
+        """What `role` reads of the roles it sees: their latest replies (nothing before they acted)."""
+        spec = self.spec(role)
+        text = ""
+        for seen in spec.sees if spec else ():
+            other = self.spec(seen)
+            code, output = self.replies.get(seen, ("", ""))
+            if other is not None and other.kind == "program":
+                text += f"\nThe {seen} agent's code:\n```python\n{code.strip()}\n```\n"
+                text += f"Its output:\n{output.strip() or '(nothing)'}"
+            else:
+                text += f"\nThe {seen}'s reply:\n{code.strip() or '(nothing yet)'}"
+        return text
 
     def observe(self, role: str, turn: int) -> str:
         text = self.task_text()
-        if role == "tool":
-            return text + f"\nWrite the Python program that {self.program_hint}."
         if role == self.single_role:
             return text + f"\n{self.answer_hint}"
-        return (
-            text
-            + f"\nThe tool agent's code:\n```python\n{self.tool_code.strip()}\n```\n"
-            + f"Its output:\n{self.tool_output.strip() or '(nothing)'}\n"
-            + self.answer_hint
-        )
+        spec = self.spec(role)
+        if spec is None:
+            raise KeyError(f"{type(self).__name__}: no role '{role}' in the workflow")
+        if spec.kind == "program":
+            return text + self._seen(role) + f"\nWrite the Python program that {self.program_hint}."
+        return text + self._seen(role) + "\n" + self.answer_hint
 
     def act(self, role: str, turn: int, action: str) -> ActionResult:
-        if role == "tool":
-            return self._act_tool(action)
+        spec = self.spec(role) if role != self.single_role else None
+        if spec is not None and spec.kind == "program":
+            return self._act_tool(action, spec)
         answer = self.parse_answer(action)
         legal = answer is not None and self.apply(answer)
         fmt = 1.0 if legal else 0.0
         value = self.value()
-        return ActionResult(team=value, local=0.2 * fmt + 0.8 * value, components={"format": fmt, "value": value},
-                          info=f"answer={answer!r} legal={legal}")
+        self.replies[role] = (action, "")
+        components = {"format": fmt, "value": value}
+        weights = (spec or DEFAULT_WORKFLOW[1]).local_weights
+        return ActionResult(
+            team=value,
+            local=sum(weights[k] * components[k] for k in weights),
+            components=components,
+            info=f"answer={answer!r} legal={legal}",
+        )
 
-    def _act_tool(self, action: str) -> ActionResult:
+    def _act_tool(self, action: str, spec: WorkflowRole = DEFAULT_WORKFLOW[0]) -> ActionResult:
         self.tool_code = extract_code(action)
         wall = self.params.tool_timeout_s
         # the wall limit decides; the CPU limit (one second later) is only a backstop
-        result = run_python(self.tool_code, Limits(wall_s=wall, cpu_s=int(wall) + 1, output_chars=2000))
+        program = f"{self.tool_library}\n{self.tool_code}" if self.tool_library else self.tool_code
+        result = run_python(program, Limits(wall_s=wall, cpu_s=int(wall) + 1, output_chars=2000))
         self.tool_output = result.stdout if result.ok else f"[{result.status}] {result.stderr[-300:]}"
+        self.replies[spec.role] = (self.tool_code, self.tool_output)
         answer = self.parse(result.stdout) if result.ok else None
         ran, parsed = float(result.ok), float(answer is not None)
         value = 0.0
@@ -121,10 +256,18 @@ class ToolPlannerEnv(Env):
             trial = self.clone()  # what the tool's answer would do, without acting on the live state
             trial.apply(answer)
             value = trial.value()
-        return ActionResult(team=self.value(), local=0.1 * ran + 0.1 * parsed + 0.8 * value,
-                          components={"ran": ran, "parsed": parsed, "value": value},
-                          info=f"status={result.status} answer={answer!r}")
+        components = {"ran": ran, "parsed": parsed, "value": value}
+        weights = spec.local_weights
+        return ActionResult(
+            team=self.value(),
+            local=sum(weights[k] * components[k] for k in weights),
+            components=components,
+            info=f"status={result.status} answer={answer!r}",
+        )
 
     @property
     def success(self) -> bool:
         return self.value() >= 1.0
+
+    def team_value(self) -> float:
+        return self.value()

@@ -6,6 +6,7 @@ scored in worker threads. So grading runs in a small pool of worker processes (`
 mas_lab.envs.math_grading`, one JSON line per request); a request that outlives its limit kills
 its worker (a new one starts on the next request) and is scored as wrong.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,14 @@ class _Pool:
         worker = self.idle.get()
         try:
             if worker is None or worker.poll() is not None:
-                worker = subprocess.Popen([sys.executable, "-m", "mas_lab.envs.math_grading"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ})
+                worker = subprocess.Popen(
+                    [sys.executable, "-m", "mas_lab.envs.math_grading"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env={**os.environ},
+                )
+            assert worker.stdin is not None and worker.stdout is not None  # both piped above
             worker.stdin.write((json.dumps({"predicted": predicted, "gold": gold}) + "\n").encode())
             worker.stdin.flush()
             ready, _, _ = select.select([worker.stdout], [], [], timeout_s)

@@ -8,15 +8,16 @@ and the shortest-path length is stored.
 Team reward: 1 at the goal, else 0.5 * progress, progress = (d0 - d) / d0 in BFS distance. A
 plan is walked to its end (passing through G is not arriving) and only when every move is legal.
 """
+
 from __future__ import annotations
 
 import itertools
 import random
 import re
 from collections import deque
-from typing import Any
+from typing import Any, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mas_lab.envs.base import Problem
 from mas_lab.envs.games import GameParams, ToolPlannerEnv
@@ -56,6 +57,34 @@ def shortest_path(grid: list[str], start: tuple[int, int], goal: tuple[int, int]
     return path
 
 
+# tool_helper: solver defines this before the tool agent's program (it runs in the sandbox)
+PLAN_PATH_SOLVER = """
+def solve(grid):
+    from collections import deque
+    rows = [str(r) for r in grid]
+    cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+    starts = [p for p, ch in cells.items() if ch == "S"]
+    if not starts:
+        return []
+    steps = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+    came, queue = {starts[0]: None}, deque(starts[:1])
+    while queue:
+        here = queue.popleft()
+        if cells[here] == "G":
+            path = []
+            while came[here] is not None:
+                here, move = came[here]
+                path.append(move)
+            return path[::-1]
+        for move, (dr, dc) in steps.items():
+            there = (here[0] + dr, here[1] + dc)
+            if cells.get(there, "#") != "#" and there not in came:
+                came[there] = (here, move)
+                queue.append(there)
+    return []
+"""
+
+_ANSWER_CHARS = re.compile(r"[A-Za-z\s,.;:\-\[\]'\"*`]*")  # move words, separators, markdown emphasis
 _ANSWER_LINE = re.compile(r"moves\s*:(.*)$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -64,8 +93,8 @@ def parse_answer_moves(text: str) -> list[str] | None:
     up/down/left/right) and separators. Moves scattered in prose are not an answer (a reply with
     "built-in u import" must not earn the format reward)."""
     lines = _ANSWER_LINE.findall(text)
-    if not lines:
-        return None
+    if not lines or not _ANSWER_CHARS.fullmatch(lines[-1]):
+        return None  # anything but move words and separators (a fullwidth 'Ｕ' was dropped silently)
     words = re.findall(r"[A-Za-z]+", lines[-1])
     if not words or any(w.upper() not in MOVES and w.upper() not in _WORDS for w in words):
         return None
@@ -76,20 +105,50 @@ def parse_moves(text: str) -> list[str]:
     """Moves from free text: U/D/L/R or up/down/left/right, after the last 'moves:' if present."""
     lowered = text.lower()
     if "moves:" in lowered:
-        text = text[lowered.rindex("moves:") + len("moves:"):]
+        text = text[lowered.rindex("moves:") + len("moves:") :]
     return [_WORDS.get(m.upper(), m.upper()) for m in _MOVE_TOKEN.findall(text)]
 
 
-
-
-def offset_text(rows: int, cols: int, thing: str = "G", origin: str = "S") -> str:
-    """Where `thing` lies from `origin` in words, with the move letters of the straight way
-    (" G is 1 row down (D) and 2 columns right (R R) of S."); empty where they meet. Walls can
-    block the straight way, and the order of the moves is the agent's to choose."""
-    parts = [f"{abs(n)} {unit}{'s' if abs(n) > 1 else ''} {word} ({' '.join(word[0].upper() * abs(n))})"
-             for n, unit, word in ((rows, "row", "down" if rows > 0 else "up"),
-                                   (cols, "column", "right" if cols > 0 else "left")) if n]
+def offset_text(rows: int, cols: int, thing: str = "G", origin: str = "S", letters: bool = True) -> str:
+    """Where `thing` lies from `origin` in words (" G is 1 row down and 2 columns right of S."),
+    with the move letters of the straight way when `letters` (" G is 1 row down (D) and 2 columns
+    right (R R) of S."); empty where they meet. Walls can block the straight way, and the order of
+    the moves is the agent's to choose."""
+    parts = [
+        f"{abs(n)} {unit}{'s' if abs(n) > 1 else ''} {word}"
+        + (f" ({' '.join(word[0].upper() * abs(n))})" if letters else "")
+        for n, unit, word in (
+            (rows, "row", "down" if rows > 0 else "up"),
+            (cols, "column", "right" if cols > 0 else "left"),
+        )
+        if n
+    ]
     return f" {thing} is {' and '.join(parts)} of {origin}." if parts else ""
+
+
+def straight_moves(rows: int, cols: int, rows_first: bool = True) -> list[str]:
+    """The straight way's letters for an offset: the vertical moves then the horizontal ones (or
+    the other order)."""
+    vertical = ["D" if rows > 0 else "U"] * abs(rows)
+    horizontal = ["R" if cols > 0 else "L"] * abs(cols)
+    return vertical + horizontal if rows_first else horizontal + vertical
+
+
+Hint = Literal["none", "offsets", "letters"]
+ToolHelper = Literal["none", "solver"]
+TOOL_HELPER_DESCRIPTION = (
+    "none: the tool agent's program has only the standard library (the paper's setting, where the "
+    "tool agent writes its own search); solver: a function solve(grid) is defined before its "
+    "program, taking the grid as the list of its rows as drawn in the observation and returning "
+    "the moves of a shortest solution; the agent must copy the grid into the call (mas-lab's "
+    "CPU-scale stand-in for a tool agent that writes a BFS)"
+)
+HINT_DESCRIPTION = (
+    "what the observation says beyond the grid and the coordinates: none (the paper's observation), "
+    "offsets (where the goal lies, in words, and a worked example that turns words into moves), "
+    "letters (the offsets with the straight way's move letters spelled out, as every run before this "
+    "option had: reading them is most of the answer)"
+)
 
 
 class MovesGame(ToolPlannerEnv):
@@ -106,12 +165,70 @@ class MovesGame(ToolPlannerEnv):
         return cls.move_answers(4)
 
     has_format_demos = True
+    params: "MovesParams"
+
+    # The system prompts' examples, by hint. `none` shows only the form of an answer (the paper's
+    # observation gives no offsets to compute it from); `offsets` and `letters` show how an answer is
+    # read from the stated offset. Every example's answer is one the constant-answer baseline tries,
+    # so copying it is measured, not rewarded.
+    answer_examples: dict[str, str] = {}
+    program_examples: dict[str, str] = {}
+
+    @property
+    def answer_example(self) -> str:
+        return self.answer_examples.get(self.params.hint, "")
+
+    @property
+    def program_example(self) -> str:
+        if self.params.tool_helper == "solver":
+            return self.solver_example
+        return self.program_examples.get(self.params.hint, "")
+
+    solver_source = ""  # the solve(grid) of tool_helper: solver, for this game's grid
+    solver_example = ""  # how the tool's system prompt shows a call to it
+
+    @property
+    def tool_library(self) -> str:
+        return self.solver_source if self.params.tool_helper == "solver" else ""
+
+    def demo_grid(self, rng: random.Random) -> list[str]:
+        """A random grid of this game's size and symbols, for the tool's format warm-up with
+        `tool_demo: random` (never the problem's: the warm-up teaches the form of a call only)."""
+        raise NotImplementedError
+
+    def drawn_grid(self) -> list[str]:
+        """The grid's rows exactly as the observation draws them (what solve(grid) takes)."""
+        raise NotImplementedError
+
+    # --- the plans of the reading rules (baselines.py): what a few lines of code answer -------------
+    def straight_plan(self, rows_first: bool = True) -> list[str]:
+        """The straight way to the goal from the current state, vertical moves first (or last)."""
+        raise NotImplementedError
+
+    def toward_move(self) -> list[str]:
+        """One legal move toward the goal from the current state ([] when there is none)."""
+        raise NotImplementedError
+
+    def optimal_plan(self) -> list[str] | None:
+        """A shortest plan that solves the problem from the current state (breadth-first search)."""
+        raise NotImplementedError
+
+    def legal(self, moves: list[str]) -> bool:
+        """Whether every move of `moves` is legal from the current state (nothing changes)."""
+        return self.clone().apply(moves)
 
     def format_demo(self, role: str, rng: random.Random) -> str:
         """One to three random moves in the role's format: a program printing them, or the
-        "Moves:" line."""
+        "Moves:" line; with tool_helper: solver, the tool's demonstration calls solve() on a random
+        grid, or (`tool_demo: observed`) on the problem's grid as drawn: a demonstration of copying
+        the observation into the call, never of the moves (the planner's demonstration stays random)."""
         moves = [rng.choice("UDLR") for _ in range(rng.randint(1, 3))]
-        if role == "tool":
+        spec = self.spec(role) if role != self.single_role else None
+        program = spec is not None and spec.kind == "program"
+        if program and self.params.tool_helper == "solver":
+            grid = self.drawn_grid() if self.params.tool_demo == "observed" else self.demo_grid(rng)
+            return "```python\nprint(solve(" + repr(grid) + "))\n```"
+        if program:
             return "```python\nprint(" + repr(moves) + ")\n```"
         return "Moves: " + " ".join(moves)
 
@@ -122,24 +239,58 @@ class MovesGame(ToolPlannerEnv):
         return parse_answer_moves(text)
 
 
-class PlanPathParams(GameParams):
+class MovesParams(GameParams):
+    hint: Hint = Field("none", description=HINT_DESCRIPTION)
+    tool_helper: ToolHelper = Field("none", description=TOOL_HELPER_DESCRIPTION)
+    tool_demo: Literal["random", "observed"] = Field(
+        "random",
+        description="with tool_helper: solver, what grid the tool agent's format warm-up passes to "
+        "solve(): random (a random grid: only the form of a call) or observed (the problem's grid as "
+        "drawn: the warm-up also demonstrates copying it; the moves are never shown)",
+    )
+
+
+class PlanPathParams(MovesParams):
     size: int = Field(5, ge=2, le=32, description="grid side length")
     wall_prob: float = Field(0.2, ge=0.0, le=0.9, description="probability that a cell is a wall")
     min_distance: int = Field(2, ge=1, description="least BFS distance from start to goal")
+    max_distance: Optional[int] = Field(
+        None, ge=1, description="most BFS distance from start to goal (default: no limit)"
+    )
+
+    @model_validator(mode="after")
+    def _distance_range(self) -> "PlanPathParams":
+        if self.max_distance is not None and self.max_distance < self.min_distance:
+            raise ValueError(f"max_distance ({self.max_distance}) must be at least min_distance ({self.min_distance})")
+        return self
 
 
 class PlanPathEnv(MovesGame):
     Params = PlanPathParams
+    params: PlanPathParams
     # no legal answer in either hint: a model that echoes the prompt's example must not score
     # (trained SmolLM2 teams collapsed onto an example "Moves: R D ..." that solved 10/64 problems)
     program_hint = "prints the list of moves from S to G as a Python list of the letters 'U', 'D', 'L', 'R'"
     answer_hint = "End with one line 'Moves:' followed by your moves, one letter each (U, D, L or R)."
-    # a worked example (fair for a 135M model, issue 12): it shows reading G's place from S, and its
-    # answer is one the constant-answer baseline tries, so copying it is measured, not rewarded
-    answer_example = (" Example: if G is 2 rows up (U U) and 1 column right (R) of S and no wall is in the way,"
-                      " the last line is: Moves: U U R")
-    program_example = " Example: if G is 2 rows up (U U) and 1 column right (R) of S, the program is print(['U', 'U', 'R'])"
+    answer_examples = {
+        "none": " Example of the last line: Moves: U U R",
+        "offsets": " Example: if G is 2 rows up and 1 column right of S and no wall is in the way, the last line is: "
+        "Moves: U U R",
+        "letters": " Example: if G is 2 rows up (U U) and 1 column right (R) of S and no wall is in the way,"
+        " the last line is: Moves: U U R",
+    }
+    program_examples = {
+        "none": " Example of the form: print(['U', 'U', 'R'])",
+        "offsets": " Example: if G is 2 rows up and 1 column right of S, the program is print(['U', 'U', 'R'])",
+        "letters": " Example: if G is 2 rows up (U U) and 1 column right (R) of S, the program is "
+        "print(['U', 'U', 'R'])",
+    }
     shared = ToolPlannerEnv.shared + ("_dist",)  # BFS distances depend only on the problem
+    solver_example = (
+        " A function solve(grid) is defined for your program: it returns the moves of a shortest way "
+        "from S to G on a grid given as the list of its rows, e.g. print(solve(['S.#', '...', '#.G']))"
+    )
+    solver_source = PLAN_PATH_SOLVER
 
     def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
@@ -149,17 +300,22 @@ class PlanPathEnv(MovesGame):
     @classmethod
     def _draw(cls, rng: random.Random, params: PlanPathParams, split: str) -> Problem:
         size, wall_prob, min_dist = params.size, params.wall_prob, params.min_distance
+        max_dist = params.max_distance or size * size
         for _ in range(1000):
             cells = [["#" if rng.random() < wall_prob else "." for _ in range(size)] for _ in range(size)]
             start = (rng.randrange(size), rng.randrange(size))
             cells[start[0]][start[1]] = "."
             grid = ["".join(row) for row in cells]
             dist = distances(grid, start)  # symmetric: distance from start
-            reachable = [(r, c) for r in range(size) for c in range(size) if dist[r][c] >= min_dist]
+            reachable = [(r, c) for r in range(size) for c in range(size) if min_dist <= dist[r][c] <= max_dist]
             if reachable:
                 goal = rng.choice(reachable)
-                return Problem({"grid": grid, "start": list(start), "goal": list(goal), "shortest": dist[goal[0]][goal[1]]})
-        raise ValueError(f"plan_path: no solvable grid with size={size}, wall_prob={wall_prob}")
+                return Problem(
+                    {"grid": grid, "start": list(start), "goal": list(goal), "shortest": dist[goal[0]][goal[1]]}
+                )
+        raise ValueError(
+            f"plan_path: no solvable grid with size={size}, wall_prob={wall_prob}, distance {min_dist}-{max_dist}"
+        )
 
     @property
     def goal(self) -> tuple[int, int]:
@@ -197,17 +353,41 @@ class PlanPathEnv(MovesGame):
             self.pos = end
         return legal
 
-    def task_text(self) -> str:
+    def drawn_grid(self) -> list[str]:
         grid = [list(row) for row in self.problem.data["grid"]]
-        gr, gc = self.goal
-        grid[gr][gc] = "G"
+        grid[self.goal[0]][self.goal[1]] = "G"
         grid[self.pos[0]][self.pos[1]] = "S"
-        rows = "\n".join("".join(row) for row in grid)
+        return ["".join(row) for row in grid]
+
+    def task_text(self) -> str:
+        grid = self.drawn_grid()
+        gr, gc = self.goal
+        rows = "\n".join(grid)
+        hint = self.params.hint
+        offset = "" if hint == "none" else offset_text(gr - self.pos[0], gc - self.pos[1], letters=hint == "letters")
         return (
             f"Grid ({len(grid)}x{len(grid[0])}, '#' wall, '.' free, row 0 at the top):\n{rows}\n"
             f"S (you) is at row {self.pos[0]}, col {self.pos[1]}; G is at row {gr}, col {gc}."
-            f"{offset_text(gr - self.pos[0], gc - self.pos[1])}\n"
+            f"{offset}\n"
             "Moves: U (row-1), D (row+1), L (col-1), R (col+1)."
+        )
+
+    def straight_plan(self, rows_first: bool = True) -> list[str]:
+        return straight_moves(self.goal[0] - self.pos[0], self.goal[1] - self.pos[1], rows_first)
+
+    def toward_move(self) -> list[str]:
+        """The first legal move of the straight way's two orders (vertical first)."""
+        for rows_first in (True, False):
+            plan = self.straight_plan(rows_first)
+            if plan and self.legal(plan[:1]):
+                return plan[:1]
+        return []
+
+    def optimal_plan(self) -> list[str] | None:
+        return (
+            shortest_path(self.problem.data["grid"], self.pos, self.goal)
+            if self._dist[self.pos[0]][self.pos[1]] >= 0
+            else None
         )
 
     def render(self) -> str:
@@ -215,3 +395,10 @@ class PlanPathEnv(MovesGame):
         grid[self.goal[0]][self.goal[1]] = "G"
         grid[self.pos[0]][self.pos[1]] = "A"
         return "\n".join("".join(row) for row in grid)
+
+    def demo_grid(self, rng: random.Random) -> list[str]:
+        size = self.params.size
+        cells = [["#" if rng.random() < self.params.wall_prob else "." for _ in range(size)] for _ in range(size)]
+        start, goal = rng.sample([(r, c) for r in range(size) for c in range(size)], 2)
+        cells[start[0]][start[1]], cells[goal[0]][goal[1]] = "S", "G"
+        return ["".join(row) for row in cells]

@@ -8,6 +8,7 @@ square is not a solution here). Tool agent + planner as in envs/games.py.
 
 Team reward: 1 when the grid equals the solution, else 0.5 * the fraction of blanks filled right.
 """
+
 from __future__ import annotations
 
 import math
@@ -77,20 +78,29 @@ def is_solution(grid: Grid) -> bool:
     digits = set(range(1, n + 1))
     rows = all(set(row) == digits for row in grid)
     cols = all({grid[r][c] for r in range(n)} == digits for c in range(n))
-    boxes = all({grid[r][c] for r in range(br, br + b) for c in range(bc, bc + b)} == digits
-                for br in range(0, n, b) for bc in range(0, n, b))
+    boxes = all(
+        {grid[r][c] for r in range(br, br + b) for c in range(bc, bc + b)} == digits
+        for br in range(0, n, b)
+        for bc in range(0, n, b)
+    )
     return rows and cols and boxes
 
 
 class SudokuParams(GameParams):
     size: Literal[4, 9] = Field(4, description="side length: 4 (2x2 boxes) or 9 (3x3 boxes)")
-    blanks: Optional[int] = Field(None, ge=1, description="empty cells (default size*size/2); a unique solution is kept")
+    blanks: Optional[int] = Field(
+        None, ge=1, description="empty cells (default size*size/2); a unique solution is kept"
+    )
 
     @model_validator(mode="after")
     def _blanks_fit(self) -> "SudokuParams":
         if self.blanks is not None and self.blanks >= self.size * self.size:
             raise ValueError(f"blanks must be below size*size = {self.size * self.size}")
         return self
+
+
+def _drawn(grid: Grid) -> str:
+    return "\n".join(" ".join(str(v) if v else "." for v in row) for row in grid)
 
 
 class SudokuEnv(ToolPlannerEnv):
@@ -126,7 +136,7 @@ class SudokuEnv(ToolPlannerEnv):
         n = len(self.grid)
         lowered = text.lower()
         if "grid:" in lowered:
-            text = text[lowered.rindex("grid:") + len("grid:"):]
+            text = text[lowered.rindex("grid:") + len("grid:") :]
         rows = []
         for line in text.splitlines():
             digits = [int(d) for d in re.findall(r"\d", line)]
@@ -153,12 +163,18 @@ class SudokuEnv(ToolPlannerEnv):
         return 0.5 * right / len(blanks) if blanks else 0.0
 
     def render(self) -> str:
-        return "\n".join(" ".join(str(v) if v else "." for v in row) for row in self.grid)
+        return _drawn(self.grid)
 
     def task_text(self) -> str:
-        n = len(self.grid)
+        """The puzzle as given (its digits are the clues to keep), and below it the team's last
+        answer when there is one: a wrong answer shown as the grid would read as clues."""
+        puzzle = self.problem.data["puzzle"]
+        n = len(puzzle)
         b = _box(n)
-        return (
+        text = (
             f"Sudoku {n}x{n} ({b}x{b} boxes): fill each '.' so that every row, column and box holds 1-{n} once. "
-            "Keep every given digit.\n" + self.render()
+            "Keep every given digit.\n" + _drawn(puzzle)
         )
+        if self.grid != puzzle:
+            text += "\nThe last answer, not yet the solution:\n" + _drawn(self.grid)
+        return text

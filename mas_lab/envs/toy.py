@@ -4,6 +4,7 @@ Each problem names a letter; both roles, in turn order, answer with text, and th
 fraction of the answer's characters that are that letter. A tiny random model learns it within
 a minute, and a scripted fake engine can drive every invariant of Algorithm 1 through it.
 """
+
 from __future__ import annotations
 
 import random
@@ -22,6 +23,7 @@ class ToyParams(EnvParams):
 class ToyEnv(Env):
     roles = ("first", "second")
     Params = ToyParams
+    params: ToyParams
 
     def __init__(self, problem: Problem, params: Any = None):
         super().__init__(problem, params)
@@ -48,6 +50,9 @@ class ToyEnv(Env):
     def success(self) -> bool:
         threshold = self.params.success_threshold
         return bool(self.scores) and sum(self.scores) / len(self.scores) >= threshold
+
+    def team_value(self) -> float:
+        return sum(self.scores) / len(self.scores) if self.scores else 0.0
 
     @property
     def done(self) -> bool:

@@ -1,10 +1,11 @@
 """Learner: holds one policy's trainable model and optimizer; a plain class Ray wraps as an actor.
 
 `update` applies the token-level clipped objective (paper Eq. 5, algo/loss.py) to the samples of
-the roles this policy serves (routing by sigma happens in the controller). With one epoch and the
-whole batch as one mini-batch, logp_old is logp.detach() of the same forward pass (AT_GRPO.md);
-with more epochs, logp_old is computed once before the first update.
+the roles this policy serves (routing by sigma happens in the trainer). With one epoch and the
+whole batch as one mini-batch, logp_old is logp.detach() of the same forward pass (docs/algorithm.md);
+with more epochs or mini-batches, logp_old is computed once before the first update.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,26 +13,35 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from mas_lab import lora, precision
-from mas_lab.actors import node_id
+from mas_lab.actors import node_id, set_threads
+from mas_lab.algo.loss import clipped_policy_loss, kl_penalty
 from mas_lab.background import Background
-from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.samples import Sample
-from mas_lab.rollout.decode import after_prefix, cache_keyword, prefill_prefix, shared_prefix
-from mas_lab.rollout.engine import set_threads
+from mas_lab.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 
 
 class Learner:
     """One base model and the policies trained on it: a single full policy, or one LoRA adapter
     per policy (each with its own optimizer, so an update touches only its adapter)."""
 
-    def __init__(self, model_dir: str, algorithm: Algorithm, dtype: str = "float32", threads: int = 0, seed: int = 0,
-                 policies: dict[str, Lora | None] | None = None, init_from: dict[str, str] | None = None,
-                 device: str = "cpu"):
+    def __init__(
+        self,
+        model_dir: str,
+        algorithm: Algorithm,
+        dtype: str = "float32",
+        threads: int = 0,
+        seed: int = 0,
+        policies: dict[str, Lora | None] | None = None,
+        init_from: dict[str, str] | None = None,
+        device: str = "cpu",
+        lrs: dict[str, float] | None = None,
+    ):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
 
@@ -48,7 +58,8 @@ class Learner:
             raise ValueError("a learner serves one full policy")
         # master weights stay float32; dtype bfloat16 means bf16 autocast for the forward/backward
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model = model.to(self.device)  # type: ignore[arg-type]  # transformers types .to() for models only
         self.model.config.use_cache = False
         if self.adapters:
             self.model = lora.attach(self.model, self.adapters)
@@ -59,12 +70,17 @@ class Learner:
         self.precision = precision.report(dtype, device)
         self.autocast = self.precision["dtype"] == "bfloat16"
         self.optimizers = {
-            name: torch.optim.AdamW(group, lr=algorithm.lr, weight_decay=algorithm.weight_decay)
+            name: torch.optim.AdamW(
+                group, lr=(lrs or {}).get(name) or algorithm.lr, weight_decay=algorithm.weight_decay
+            )
             for name, group in params.items()
         }
         self.params = params
         # policy -> (probe samples, their log-probs under the initial policy): KL to the initial policy
         self.reference: dict[str, tuple[list[Sample], list[torch.Tensor]]] = {}
+        if algorithm.kl_coef and self.adapters:
+            raise ValueError("the KL penalty (algorithm.kl_coef) is implemented for full policies, not LoRA adapters")
+        self.kl_references: dict[str, torch.nn.Module] = {}  # policy -> frozen copy (algorithm.kl_coef)
         for name, folder in (init_from or {}).items():
             self.load(name, folder, optimizer=False)
         self.version = 0
@@ -92,8 +108,18 @@ class Learner:
             if len(s.sampler_logprobs) == n and n:
                 sampler[row, :n] = torch.tensor(s.sampler_logprobs)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        return Batch(prefix_ids, prompt_ids, prompt_mask, prompt_positions, torch.tensor(which), response_ids, mask,
-                     advantages, temperature, sampler).to(self.device)
+        return Batch(
+            prefix_ids,
+            prompt_ids,
+            prompt_mask,
+            prompt_positions,
+            torch.tensor(which),
+            response_ids,
+            mask,
+            advantages,
+            temperature,
+            sampler,
+        ).to(self.device)
 
     def _micro_batches(self, samples: list[Sample]) -> list["Batch"]:
         """Samples in micro-batches of at most `micro_batch`, the K candidates of one prompt kept
@@ -103,7 +129,9 @@ class Learner:
         by_prompt: dict[tuple[int, ...], list[Sample]] = {}
         for s in samples:
             by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
-        size, chunks, current = self.algo.micro_batch, [], []
+        size = self.algo.micro_batch
+        chunks: list[list[Sample]] = []
+        current: list[Sample] = []
         for _, group in sorted(by_prompt.items(), key=lambda item: item[0]):
             for i in range(0, len(group), size):
                 part = group[i : i + size]
@@ -115,7 +143,7 @@ class Learner:
             chunks.append(current)
         return [self._batch(chunk) for chunk in chunks]
 
-    def _logp(self, batch: "Batch") -> torch.Tensor:
+    def _logp(self, batch: "Batch", model: "torch.nn.Module | None" = None) -> torch.Tensor:
         """Log-probabilities of the response tokens ([samples, response width], zero at padding)
         under the sampled distribution, softmax(logits / temperature) (as TRL and verl; top-p
         truncation is not modelled).
@@ -129,25 +157,35 @@ class Learner:
         only at response positions."""
         from transformers import DynamicCache
 
-        decoder = self.model.get_decoder()
+        model_: Any = model if model is not None else self.model
+        decoder = model_.get_decoder()
         cache = DynamicCache()
         cache_arg = {cache_keyword(decoder): cache}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if batch.prefix_ids.numel():
                 prefill_prefix(decoder, batch.prefix_ids, len(batch.prompt_ids), cache, cache_arg)
-            prompt = decoder(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask,
-                             position_ids=batch.prompt_positions, use_cache=True, **cache_arg).last_hidden_state
+            prompt = decoder(
+                input_ids=batch.prompt_ids,
+                attention_mask=batch.prompt_mask,
+                position_ids=batch.prompt_positions,
+                use_cache=True,
+                **cache_arg,
+            ).last_hidden_state
             cache.batch_select_indices(batch.which)  # each candidate attends to its own prompt's keys/values
             lengths = batch.prompt_mask.sum(-1)[batch.which]
             width = batch.response_ids.shape[1]
             # response padding comes after the real tokens, so causal attention keeps it out of them
             attention = torch.cat([batch.prompt_mask[batch.which], torch.ones_like(batch.response_ids)], dim=1)
-            response = decoder(input_ids=batch.response_ids, attention_mask=attention,
-                               position_ids=lengths.unsqueeze(1) + torch.arange(width, device=self.device), use_cache=True,
-                               **cache_arg).last_hidden_state
+            response = decoder(
+                input_ids=batch.response_ids,
+                attention_mask=attention,
+                position_ids=lengths.unsqueeze(1) + torch.arange(width, device=self.device),
+                use_cache=True,
+                **cache_arg,
+            ).last_hidden_state
             hidden = torch.cat([prompt[batch.which, -1:], response[:, :-1]], dim=1)
             where = batch.mask.bool()
-            logits = self.model.get_output_embeddings()(hidden[where]).float()
+            logits = model_.get_output_embeddings()(hidden[where]).float()
         logits = logits / batch.temperature[where].unsqueeze(-1)
         picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids[where].unsqueeze(-1)).squeeze(-1)
         return torch.zeros(where.shape, dtype=picked.dtype, device=self.device).masked_scatter(where, picked)
@@ -163,51 +201,77 @@ class Learner:
         return out
 
     def _update_policy(self, name: str, samples: list[Sample]) -> dict[str, float]:
-        """One policy update on this step's samples; returns loss, clip fraction, grad norm."""
+        """One policy update on this step's samples: `epochs` passes, each over `mini_batches`
+        mini-batches with one optimizer step each (PPO, Schulman et al. 2017; the paper's batch 128
+        / mini-batch 64). Sample i goes to mini-batch i mod n, so each holds every role and group.
+        With one epoch and one mini-batch, logp_old is logp.detach() of the same forward pass;
+        otherwise it is computed once before the first optimizer step, so the ratio moves and the
+        clip binds. Returns loss, clip fraction, grad norm (of the last optimizer step), etc."""
         started = time.perf_counter()
         optimizer, params = self.optimizers[name], self.params[name]
         if not samples:
             return {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "learner_s": 0.0}
         algo = self.algo
-        micro = self._micro_batches(samples)
-        tokens = sum(float(m.mask.sum()) for m in micro)
+        parts = max(1, min(algo.mini_batches, len(samples)))
+        minis = [self._micro_batches(samples[i::parts]) for i in range(parts)]
+        tokens = sum(float(m.mask.sum()) for micro in minis for m in micro)
         mismatch, tis = _Mismatch(), _TruncatedIS()
-        normalizer = tokens if algo.loss_agg == "token_mean" else float(len(samples))
         old = None
-        if algo.epochs > 1:
+        if algo.epochs > 1 or parts > 1:
             with torch.no_grad():
-                old = [self._logp(batch) for batch in micro]
+                old = [[self._logp(batch) for batch in micro] for micro in minis]
         kl_initial = self._kl_to_initial(name, samples)
-        total_loss, clipped, grad_norm, nll = 0.0, 0.0, 0.0, 0.0
+        role_norms = self._role_grad_norms(samples, params) if algo.role_grad_norms else {}
+        reference = self._kl_reference(name, samples)
+        total_loss, clipped, grad_norm, nll, kl_sum = 0.0, 0.0, 0.0, 0.0, 0.0
         ratio_sum, ratio_min, ratio_max = 0.0, math.inf, -math.inf
         for epoch in range(algo.epochs):
-            optimizer.zero_grad(set_to_none=True)
             epoch_loss = 0.0
-            for i, batch in enumerate(micro):
-                logp = self._logp(batch)
-                if epoch == 0:
-                    mismatch.add(logp.detach(), batch.sampler, batch.mask)
-                    nll -= float((logp.detach() * batch.mask).sum())
-                logp_old = old[i] if old is not None else logp.detach()
-                weights = None
-                if algo.tis_cap is not None:
-                    weights = truncated_is_weights(logp_old, batch.sampler, algo.tis_cap)
-                    if epoch == 0:
-                        tis.add(weights, batch.sampler, batch.mask, algo.tis_cap)
-                loss, stats = clipped_policy_loss(
-                    logp, logp_old, batch.advantages, batch.mask, eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high,
-                    dual_clip=algo.dual_clip, agg=algo.loss_agg, normalizer=normalizer, is_weights=weights,
+            for m, micro in enumerate(minis):
+                optimizer.zero_grad(set_to_none=True)
+                part_tokens = sum(float(b.mask.sum()) for b in micro)
+                normalizer = (
+                    part_tokens if algo.loss_agg == "token_mean" else float(sum(len(b.advantages) for b in micro))
                 )
-                loss.backward()
-                epoch_loss += float(loss.detach())
-                clipped += stats["clipped_tokens"]
-                ratio_sum += stats["ratio_sum"]
-                ratio_min = min(ratio_min, stats.get("ratio_min", math.inf))
-                ratio_max = max(ratio_max, stats.get("ratio_max", -math.inf))
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo.grad_clip))
-            if math.isfinite(grad_norm):
-                optimizer.step()
-            total_loss = epoch_loss
+                for i, batch in enumerate(micro):
+                    logp = self._logp(batch)
+                    if epoch == 0:
+                        mismatch.add(logp.detach(), batch.sampler, batch.mask)
+                        nll -= float((logp.detach() * batch.mask).sum())
+                    logp_old = old[m][i] if old is not None else logp.detach()
+                    weights = None
+                    if algo.tis_cap is not None:
+                        weights = truncated_is_weights(logp_old, batch.sampler, algo.tis_cap)
+                        if epoch == 0:
+                            tis.add(weights, batch.sampler, batch.mask, algo.tis_cap)
+                    loss, stats = clipped_policy_loss(
+                        logp,
+                        logp_old,
+                        batch.advantages,
+                        batch.mask,
+                        eps_low=algo.clip_eps_low,
+                        eps_high=algo.clip_eps_high,
+                        dual_clip=algo.dual_clip,
+                        agg=algo.loss_agg,
+                        normalizer=normalizer,
+                        is_weights=weights,
+                    )
+                    if reference is not None:
+                        with torch.no_grad():
+                            logp_ref = self._logp(batch, reference)
+                        penalty, kl_tokens = kl_penalty(logp, logp_ref, batch.mask, normalizer)
+                        loss = loss + algo.kl_coef * penalty
+                        kl_sum += kl_tokens
+                    loss.backward()
+                    epoch_loss += float(loss.detach())
+                    clipped += stats["clipped_tokens"]
+                    ratio_sum += stats["ratio_sum"]
+                    ratio_min = min(ratio_min, stats.get("ratio_min", math.inf))
+                    ratio_max = max(ratio_max, stats.get("ratio_max", -math.inf))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo.grad_clip))
+                if math.isfinite(grad_norm):
+                    optimizer.step()
+            total_loss = epoch_loss / parts
         return {
             "loss": total_loss,
             "clip_frac": clipped / max(tokens * algo.epochs, 1.0),
@@ -218,10 +282,55 @@ class Learner:
             "learner_s": time.perf_counter() - started,
             **mismatch.metrics(),
             **tis.metrics(),
-            **({"ratio_mean": ratio_sum / (tokens * algo.epochs), "ratio_min": ratio_min, "ratio_max": ratio_max}
-               if tokens else {}),
+            **(
+                {"ratio_mean": ratio_sum / (tokens * algo.epochs), "ratio_min": ratio_min, "ratio_max": ratio_max}
+                if tokens
+                else {}
+            ),
             **({"kl_initial": kl_initial} if kl_initial is not None else {}),
+            **{f"grad_norm_role/{role}": norm for role, norm in role_norms.items()},
+            **({"kl_penalty": kl_sum / (tokens * algo.epochs)} if reference is not None and tokens else {}),
         }
+
+    def _role_grad_norms(self, samples: list[Sample], params) -> dict[str, float]:
+        """The gradient norm of each role's own samples, before the update (a diagnostic: Dr. MAS,
+        arXiv 2602.08847, reports that one agent's gradient dominating a shared policy shows as
+        spikes): per role, the policy-gradient loss of its samples alone (ratio 1: the clipped
+        objective's gradient at the old policy), token-mean over that role's tokens, backward, the
+        total norm; the gradients are cleared afterwards. Empty when the samples hold one role (the
+        policy's grad_norm is that role's) or are demonstrations."""
+        roles = sorted({s.role for s in samples})
+        if len(roles) < 2 or any(s.demonstration for s in samples):
+            return {}
+        out = {}
+        for role in roles:
+            self._clear_grads(params)
+            micro = self._micro_batches([s for s in samples if s.role == role])
+            normalizer = sum(float(b.mask.sum()) for b in micro)
+            for batch in micro:
+                logp = self._logp(batch)
+                loss, _ = clipped_policy_loss(
+                    logp, logp.detach(), batch.advantages, batch.mask, agg="token_mean", normalizer=normalizer
+                )
+                loss.backward()
+            out[role] = float(torch.nn.utils.clip_grad_norm_(params, math.inf))
+        self._clear_grads(params)
+        return out
+
+    @staticmethod
+    def _clear_grads(params) -> None:
+        for p in params:
+            p.grad = None
+
+    def _kl_reference(self, name: str, samples: list[Sample]) -> "torch.nn.Module | None":
+        """The frozen policy the KL penalty (algorithm.kl_coef) pulls towards: a copy of policy
+        `name` as RL starts (after the format warm-up, which trains on demonstrations), kept in
+        memory and in every checkpoint (reference.safetensors), so a resume is exact."""
+        if not self.algo.kl_coef or any(s.demonstration for s in samples):
+            return None
+        if name not in self.kl_references:
+            self.kl_references[name] = _frozen_copy(self.model)
+        return self.kl_references[name]
 
     @torch.no_grad()
     def _kl_to_initial(self, name: str, samples: list[Sample]) -> float | None:
@@ -241,8 +350,10 @@ class Learner:
         total, tokens = 0.0, 0.0
         batches = self._micro_batches(probe)
         if [tuple(b.mask.shape) for b in batches] != [tuple(t.shape) for t in initial]:
-            raise RuntimeError(f"policy '{name}': the KL probe's initial log-probs were stored in micro-batches of "
-                               "another shape (a checkpoint written by another version of the learner)")
+            raise RuntimeError(
+                f"policy '{name}': the KL probe's initial log-probs were stored in micro-batches of "
+                "another shape (a checkpoint written by another version of the learner)"
+            )
         for batch, logp0 in zip(batches, initial):
             delta = (self._logp(batch) - logp0).double()[batch.mask.bool()]
             total += float((torch.exp(delta) - 1 - delta).sum())
@@ -288,14 +399,33 @@ class Learner:
             adapter = None
         optimizer = self.optimizers[name].state_dict()
         if copy:
-            optimizer = {"state": {i: {k: take(v) if torch.is_tensor(v) else v for k, v in entry.items()}
-                                   for i, entry in optimizer["state"].items()},
-                         "param_groups": [dict(group) for group in optimizer["param_groups"]]}
+            optimizer = {
+                "state": {
+                    i: {k: take(v) if torch.is_tensor(v) else v for k, v in entry.items()}
+                    for i, entry in optimizer["state"].items()
+                },
+                "param_groups": [dict(group) for group in optimizer["param_groups"]],
+            }
         reference = self.reference.get(name)
-        learner = {"optimizer": optimizer, "torch_rng": torch.get_rng_state(), "version": self.version,
-                   "kl_probe": None if reference is None else {
-                       "samples": [[s.prompt_ids, s.response_ids, s.temperature] for s in reference[0]],
-                       "logp": [take(t) for t in reference[1]]}}
+        learner: dict[str, Any] = {
+            "optimizer": optimizer,
+            "torch_rng": torch.get_rng_state(),
+            "version": self.version,
+            "kl_probe": None
+            if reference is None
+            else {
+                "samples": [[s.prompt_ids, s.response_ids, s.temperature] for s in reference[0]],
+                "logp": [take(t) for t in reference[1]],
+            },
+        }
+        kl_reference = self.kl_references.get(name)
+        if kl_reference is not None:
+            seen = set()
+            learner["kl_reference"] = {}
+            for key, value in kl_reference.state_dict().items():
+                if value.data_ptr() not in seen:
+                    seen.add(value.data_ptr())
+                    learner["kl_reference"][key] = take(value)
         return {"tensors": tensors, "adapter": adapter, "learner": learner}
 
     def load(self, name: str, path: str, optimizer: bool = True) -> int:
@@ -320,6 +450,10 @@ class Learner:
             if probe:
                 samples = [Sample(list(p), list(r), 0.0, t) for p, r, t in probe["samples"]]
                 self.reference[name] = (samples, list(probe["logp"]))
+            if state.get("kl_reference"):
+                reference = _frozen_copy(self.model)
+                reference.load_state_dict(state["kl_reference"], strict=False)
+                self.kl_references[name] = reference
         return self.version
 
     def ready(self) -> bool:
@@ -355,7 +489,30 @@ class _Mismatch:
         return {"mismatch_abs": self.abs_sum / self.tokens, "mismatch_kl": self.kl_sum / self.tokens}
 
 
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` that takes no gradients (the KL penalty's reference)."""
+    import copy
+
+    frozen = copy.deepcopy(model)
+    frozen.eval()
+    for parameter in frozen.parameters():
+        parameter.requires_grad_(False)
+    return frozen
+
+
 def _write_policy(snapshot: dict, path: str) -> None:
+    """The files of one saved policy (below). Whatever fails while writing them (torch.save and
+    safetensors raise their own errors on a full disk) is an OSError naming the folder, so the run
+    ends with one line and resumes from the checkpoint before."""
+    try:
+        _write_policy_files(snapshot, path)
+    except OSError:
+        raise
+    except Exception as exc:
+        raise OSError(f"writing the policy files to {path} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _write_policy_files(snapshot: dict, path: str) -> None:
     """The files of one saved policy: model.safetensors or adapter.safetensors (+ adapter.json),
     and learner.pt (optimizer, torch RNG, version, KL probe)."""
     from safetensors.torch import save_file

@@ -1,4 +1,5 @@
-"""What the controller sends a learner: one candidate as a training sample."""
+"""What the trainer sends a learner: one candidate as a training sample."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,3 +19,4 @@ class Sample:
     temperature: float = 1.0
     sampler_logprobs: tuple[float, ...] = ()
     demonstration: bool = False  # a format warm-up reply (train.warmup_steps), not sampled from the policy
+    role: str = ""  # the agent that produced it (per-role diagnostics)

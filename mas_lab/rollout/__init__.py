@@ -1,4 +1,5 @@
 """Inference engines (transformers by default) and the RolloutWorker that serves a policy."""
+
 from mas_lab.rollout.engine import Generation, HFEngine
 from mas_lab.rollout.worker import RolloutWorker
 

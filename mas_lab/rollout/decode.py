@@ -20,17 +20,16 @@ Per token it records the log-probability under softmax(logits / temperature) (th
 the learner differentiates; top-p truncation is applied to sampling but not renormalised into the
 log-prob, as in TRL and verl) and that distribution's entropy.
 """
+
 from __future__ import annotations
 
-import functools
-import inspect
-import os
 from dataclasses import dataclass
 
 import torch
 
+from mas_lab.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
+
 SEED_STRIDE = 1_000_003  # seeds of different calls do not collide for up to a million candidates
-MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a forward call of their own
 RESERVED_CACHE = True  # False: transformers' DynamicCache (benchmarks/sampling_loop.py compares them)
 
 
@@ -39,60 +38,11 @@ class Decoded:
     tokens: list[int]
     logprobs: list[float]  # empty when greedy
     entropy: list[float]  # empty when greedy
-    stopped: bool  # ended with a stop token (not cut at max_new_tokens)
+    truncated: bool  # cut at max_new_tokens before any stop token (the engine's Generation says the same)
 
 
 def row_seed(seed: int, prompt_index: int, candidate: int, n: int) -> int:
     return (seed * SEED_STRIDE + prompt_index * n + candidate) % (2**63 - 1)
-
-
-def cache_keyword(model) -> str:
-    """`cache` in recent transformers, `past_key_values` before (and still accepted, deprecated)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _cache_keyword_of(type(base))
-
-
-@functools.lru_cache(maxsize=None)
-def _cache_keyword_of(cls: type) -> str:
-    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token ids left-padded to one width, their attention mask, and position ids that start at 0
-    on each sequence's first real token (the prompt side of the sampling loop and of the learner)."""
-    width = max(len(s) for s in sequences)
-    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in sequences])
-    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
-    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def shared_prefix(prompts: list[tuple[int, ...]]) -> int:
-    """How many leading tokens every prompt has in common, leaving each at least one token of its
-    own (its last position gives the next-token logits); 0 for fewer than two prompts or a common
-    part under MIN_SHARED_PREFIX tokens."""
-    if len(prompts) < 2:
-        return 0
-    common = min(len(os.path.commonprefix(list(prompts))), min(len(p) for p in prompts) - 1)
-    return common if common >= MIN_SHARED_PREFIX else 0
-
-
-def after_prefix(prompts: list[tuple[int, ...]], pad_id: int, shared: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The prompts without their first `shared` tokens, left-padded ([P, w]); the attention mask
-    over the prefix and them ([P, shared + w]: ones for the prefix, then the padding mask), and
-    their position ids, which continue the prefix's. The padding sits between the prefix and each
-    remainder, where the mask hides it; with shared = 0 this is `left_pad`."""
-    ids, mask, positions = left_pad([p[shared:] for p in prompts], pad_id)
-    if not shared:
-        return ids, mask, positions
-    return ids, torch.cat([torch.ones(len(prompts), shared, dtype=mask.dtype), mask], dim=1), positions + shared
-
-
-def prefill_prefix(model, prefix: torch.Tensor, rows: int, cache, cache_arg: dict, **kwargs) -> None:
-    """Run the shared prefix ([shared] token ids) once into `cache`, then repeat it for `rows` rows
-    (`kwargs` go to the forward call, e.g. logits_to_keep=1 for a causal LM)."""
-    positions = torch.arange(len(prefix), device=prefix.device).unsqueeze(0)
-    model(input_ids=prefix.unsqueeze(0), position_ids=positions, use_cache=True, **cache_arg, **kwargs)
-    cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=prefix.device))
 
 
 def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -115,8 +65,19 @@ def _filter_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p: float, max_new_tokens: int,
-           stop_ids: set[int], pad_id: int, seed: int, first_index: int = 0) -> list[list[Decoded]]:
+def sample(
+    model,
+    prompts: list[list[int]],
+    n: int,
+    *,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    pad_id: int,
+    seed: int,
+    first_index: int = 0,
+) -> list[list[Decoded]]:
     """n candidates for each prompt (token ids). `first_index` is the index of prompts[0] in the
     caller's whole list (rollout workers that got a slice seed as if they had all prompts)."""
     from transformers import DynamicCache
@@ -135,10 +96,17 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
     cache = ReservedCache(shared + ids.shape[1] + max_new_tokens) if RESERVED_CACHE else DynamicCache()
     cache_arg = {cache_keyword(model): cache}
     if shared:
-        prefill_prefix(model, torch.tensor(next(iter(distinct))[:shared], device=device), len(distinct), cache, cache_arg,
-                       logits_to_keep=1)
-    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
-                **cache_arg)
+        prefill_prefix(
+            model,
+            torch.tensor(next(iter(distinct))[:shared], device=device),
+            len(distinct),
+            cache,
+            cache_arg,
+            logits_to_keep=1,
+        )
+    out = model(
+        input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_arg
+    )
     rows = len(prompts) * n
     row_prompt = torch.tensor([source[r // n] for r in range(rows)])
     logits = out.logits[:, -1].float().cpu()[row_prompt]
@@ -148,7 +116,7 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
     next_position = positions[:, -1][row_prompt] + 1
 
     generators = [torch.Generator().manual_seed(row_seed(seed, first_index + r // n, r % n, n)) for r in range(rows)]
-    results = [Decoded([], [], [], False) for _ in range(rows)]
+    results = [Decoded([], [], [], True) for _ in range(rows)]
     live = list(range(rows))  # the candidate of each batch row
     stops = torch.tensor(sorted(stop_ids))
     for step in range(max_new_tokens):
@@ -160,8 +128,9 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
             entropy = -(probs * log_p).sum(-1)
             if top_p < 1.0:
                 probs = _filter_top_p(probs, top_p)
-            tokens = _inverse_cdf(probs, torch.cat([torch.rand(1, generator=generators[r], dtype=torch.float64)
-                                                    for r in live]))
+            tokens = _inverse_cdf(
+                probs, torch.cat([torch.rand(1, generator=generators[r], dtype=torch.float64) for r in live])
+            )
             picked = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         finished = torch.isin(tokens, stops)
         token_list, done = tokens.tolist(), finished.tolist()
@@ -171,7 +140,7 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
             if not greedy:
                 result.logprobs.append(float(picked[b]))
                 result.entropy.append(float(entropy[b]))
-            result.stopped = done[b]
+            result.truncated = not done[b]
         if step == max_new_tokens - 1:
             break
         keep = [b for b in range(len(live)) if not done[b]]
@@ -183,8 +152,14 @@ def sample(model, prompts: list[list[int]], n: int, *, temperature: float, top_p
             attention, next_position, tokens = attention[index], next_position[index], tokens[index.cpu()]
             live = [live[b] for b in keep]
         attention = torch.cat([attention, torch.ones(len(live), 1, dtype=attention.dtype, device=device)], dim=1)
-        out = model(input_ids=tokens.unsqueeze(-1).to(device), attention_mask=attention, position_ids=next_position.unsqueeze(-1),
-                    use_cache=True, logits_to_keep=1, **cache_arg)
+        out = model(
+            input_ids=tokens.unsqueeze(-1).to(device),
+            attention_mask=attention,
+            position_ids=next_position.unsqueeze(-1),
+            use_cache=True,
+            logits_to_keep=1,
+            **cache_arg,
+        )
         logits = out.logits[:, -1].float().cpu()
         next_position = next_position + 1
     return [results[p * n : (p + 1) * n] for p in range(len(prompts))]

@@ -5,6 +5,7 @@ prefills each prompt once and shares its KV cache across its K candidates, so ev
 a group is drawn from the identical token sequence. The response keeps its end-of-turn token (so
 the policy learns to stop).
 """
+
 from __future__ import annotations
 
 import time
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mas_lab import precision
+from mas_lab.actors import set_threads
 from mas_lab.config import Lora, Sampling
 from mas_lab.rollout import decode
 
@@ -29,14 +31,6 @@ class Generation:
     entropy: float | None = None  # mean entropy of the sampled distribution over its tokens
     truncated: bool = False  # cut at max_new_tokens before any stop token
     version: int = 0  # the weight version of the policy that generated it (set by the rollout worker)
-
-
-def set_threads(threads: int) -> None:
-    """Ray sets torch threads from an actor's num_cpus; on this machine the phases alternate, so
-    each actor may use every core during its phase (0 = all cores)."""
-    import os
-
-    torch.set_num_threads(threads or os.cpu_count() or 1)
 
 
 def stop_ids(tokenizer, model) -> set[int]:
@@ -59,8 +53,14 @@ def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
 
 class HFEngine:
-    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None,
-                 device: str = "cpu"):
+    def __init__(
+        self,
+        model_dir: str,
+        dtype: str = "float32",
+        threads: int = 0,
+        adapters: dict[str, Lora] | None = None,
+        device: str = "cpu",
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging
 
@@ -68,12 +68,13 @@ class HFEngine:
         logging.set_verbosity_error()
         set_threads(threads)
         self.precision = precision.report(dtype, device)
-        dtype = self.precision["dtype"]
+        dtype = str(self.precision["dtype"])
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.model = model.to(device)  # type: ignore[arg-type]  # transformers types .to() for models only
         self.adapters = adapters or {}
         self.merged = None  # per-role adapters merged into per-policy weights (lora.MergedAdapters)
         if self.adapters:
@@ -91,8 +92,15 @@ class HFEngine:
         return encode_chat(self.tokenizer, messages)
 
     @torch.no_grad()
-    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
-                 seed: int, first_index: int = 0) -> list[list[Generation]]:
+    def generate(
+        self,
+        policy: str,
+        prompts: list[list[dict[str, str]]],
+        n: int,
+        sampling: Sampling,
+        seed: int,
+        first_index: int = 0,
+    ) -> list[list[Generation]]:
         """For each prompt, n candidates (rollout/decode.py: one prefill per prompt, finished rows
         leave the batch). Seeded per call and per candidate, so a step's samples are reproducible
         and do not depend on the other prompts of the call; `first_index` is the position of
@@ -106,14 +114,30 @@ class HFEngine:
 
             lora.use(self.model, policy)
         encoded = [self.encode(messages) for messages in prompts]
-        decoded = decode.sample(self.model, encoded, n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                max_new_tokens=sampling.max_new_tokens, stop_ids=self.eos_ids,
-                                pad_id=self.tokenizer.pad_token_id, seed=seed, first_index=first_index)
+        decoded = decode.sample(
+            self.model,
+            encoded,
+            n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_new_tokens=sampling.max_new_tokens,
+            stop_ids=self.eos_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            seed=seed,
+            first_index=first_index,
+        )
         results = [
-            [Generation(prompt_ids=ids, response_ids=d.tokens, text=self.tokenizer.decode(d.tokens, skip_special_tokens=True),
-                        logprobs=d.logprobs, entropy=sum(d.entropy) / len(d.entropy) if d.entropy else None,
-                        truncated=not d.stopped)
-             for d in row]
+            [
+                Generation(
+                    prompt_ids=ids,
+                    response_ids=d.tokens,
+                    text=str(self.tokenizer.decode(d.tokens, skip_special_tokens=True)),
+                    logprobs=d.logprobs,
+                    entropy=sum(d.entropy) / len(d.entropy) if d.entropy else None,
+                    truncated=d.truncated,
+                )
+                for d in row
+            ]
             for ids, row in zip(encoded, decoded)
         ]
         self.stats["generated_tokens"] += sum(len(g.response_ids) for row in results for g in row)
@@ -121,11 +145,14 @@ class HFEngine:
         return results
 
     def load_weights(self, state: dict[str, torch.Tensor], policy: str | None = None) -> None:
+        if not self.adapters:
+            self.model.load_state_dict(state)
+            return
+        if policy is None:
+            raise ValueError("an engine serving LoRA adapters loads one policy's adapter at a time: name the policy")
         if self.merged:
             self.merged.load(policy, state)
-        elif self.adapters:
+        else:
             from mas_lab import lora
 
             lora.load_adapter_state(self.model, policy, state)
-        else:
-            self.model.load_state_dict(state)

@@ -9,6 +9,7 @@ keys and values in a buffer with room for the tokens still to come and writes in
 sees a view of the filled part. Used under no_grad only (in-place writes into tensors that a
 backward pass still needs would be wrong): the learner's three forward calls keep DynamicCache.
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,11 +39,13 @@ class ReservedLayer(DynamicLayer):
         keys = key_states.new_empty(batch, heads, room, width)
         values = value_states.new_empty(batch, heads, room, value_states.shape[-1])
         if self.length:
+            assert self._keys is not None and self._values is not None  # a non-empty cache has its tensors
             keys[:, :, : self.length].copy_(self._keys[:, :, : self.length])
             values[:, :, : self.length].copy_(self._values[:, :, : self.length])
         self._keys, self._values = keys, values
 
     def _views(self) -> None:
+        assert self._keys is not None and self._values is not None
         self.keys = self._keys[:, :, : self.length]
         self.values = self._values[:, :, : self.length]
 
@@ -51,6 +54,7 @@ class ReservedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
         self._reserve(key_states, value_states, self.length + new)
+        assert self._keys is not None and self._values is not None  # reserved just above
         self._keys[:, :, self.length : self.length + new].copy_(key_states)
         self._values[:, :, self.length : self.length + new].copy_(value_states)
         self.length += new
@@ -62,11 +66,13 @@ class ReservedLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.length:
+            assert self._keys is not None and self._values is not None
             self._keys, self._values = self._keys[indices], self._values[indices]
             self._views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.length:
+            assert self._keys is not None and self._values is not None
             self._keys = self._keys.repeat_interleave(repeats, dim=0)
             self._values = self._values.repeat_interleave(repeats, dim=0)
             self._views()
@@ -89,4 +95,5 @@ class ReservedCache(Cache):
     most new tokens of the call)."""
 
     def __init__(self, capacity: int):
-        super().__init__(layer_class_to_replicate=lambda: ReservedLayer(capacity))
+        # transformers calls the factory with no arguments to make each layer (typed as a class there)
+        super().__init__(layer_class_to_replicate=lambda: ReservedLayer(capacity))  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
 """RolloutWorker: serves one policy's generations; a plain class that Ray wraps as an actor."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,18 +13,36 @@ class RolloutWorker:
     """Serves one base model: a single full policy, or several policies as LoRA adapters, with
     the transformers engine (`hf`) or vLLM (`vllm`)."""
 
-    def __init__(self, model_dir: str, dtype: str = "float32", threads: int = 0, adapters: dict[str, Lora] | None = None,
-                 engine: str = "hf", options: Vllm | None = None, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self,
+        model_dir: str,
+        dtype: str = "float32",
+        threads: int = 0,
+        adapters: dict[str, Lora] | None = None,
+        engine: str = "hf",
+        options: Vllm | None = None,
+        seed: int = 0,
+        device: str = "cpu",
+    ):
         if engine == "vllm":
             from mas_lab.rollout.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(model_dir, dtype=dtype, threads=threads, adapters=adapters, options=options, seed=seed)
+            self.engine: HFEngine | VLLMEngine = VLLMEngine(
+                model_dir, dtype=dtype, threads=threads, adapters=adapters, options=options, seed=seed
+            )
         else:
             self.engine = HFEngine(model_dir, dtype=dtype, threads=threads, adapters=adapters, device=device)
         self.versions: dict[str, int] = {}  # policy -> the weight version this worker serves
 
-    def generate(self, policy: str, prompts: list[list[dict[str, str]]], n: int, sampling: Sampling,
-                 seed: int, first_index: int = 0) -> list[list[Generation]]:
+    def generate(
+        self,
+        policy: str,
+        prompts: list[list[dict[str, str]]],
+        n: int,
+        sampling: Sampling,
+        seed: int,
+        first_index: int = 0,
+    ) -> list[list[Generation]]:
         """`first_index`: where these prompts start in the call's whole list (a slice of it). Every
         candidate carries the weight version that generated it."""
         version = self.versions.get(policy, 0)

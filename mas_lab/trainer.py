@@ -1,31 +1,49 @@
 """The training loop: Algorithm 1 of the paper, one step after another.
 
-    problems -> tree sampling (episodes.py) -> groups (problem, agent, turn) -> GRPO advantages
-    -> optional filter -> samples routed to sigma(agent) -> each Learner updates -> weight sync
-    -> run store + MLflow, and an evaluation on held-out problems before, every N steps, after.
+problems -> tree sampling (episodes.py) -> groups (problem, agent, turn) -> GRPO advantages
+-> optional filter -> samples routed to sigma(agent) -> each Learner updates -> weight sync
+-> run store + MLflow, and an evaluation on held-out problems before, every N steps, after.
 """
+
 from __future__ import annotations
 
 import functools
-import math
 import random
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mas_lab import checkpoint
-from mas_lab.background import Background
-from mas_lab.baselines import ConstantBaseline, task_baseline
-from mas_lab.algo import build_groups, build_trajectory_groups, filter_groups, group_stats, grpo_advantages
+from mas_lab import checkpoint, sandbox
+from mas_lab.algo import Group, filter_groups, group_stats
+from mas_lab.algo.credit import assign_advantages
 from mas_lab.backend import PolicyBackend
+from mas_lab.background import Background
+from mas_lab.baselines import (
+    MOVE_RULES,
+    RULE_LABELS,
+    ConstantBaseline,
+    RuleResults,
+    rule_results,
+    task_baseline,
+    task_pool,
+)
 from mas_lab.config import TaskConfig
 from mas_lab.control import RunControl
 from mas_lab.diagnostics import diagnostics
-from mas_lab.envs import ENVS, ProblemPool
+from mas_lab.envs import ENVS, Problem, ProblemPool
 from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout, with_system
 from mas_lab.learner.samples import Sample
+from mas_lab.metric_names import LEARNER_METRICS, TIME_KEYS
 from mas_lab.progress import Progress, ProgressEvent
+from mas_lab.reporting import (
+    baselines_from_metrics,
+    hard_split_text,
+    reward_metrics,
+    rules_verdict,
+    verdict,
+    wilson_interval,
+)
 from mas_lab.store import RunStore
 from mas_lab.tracking import Tracker
 
@@ -39,80 +57,43 @@ class TrainStep:
     metrics: dict[str, float]
 
 
-def compute_advantages(episodes: list[Episode], k: int, eps: float, tree: bool = True):
-    """Build the groups of a step, check their invariants, and set each candidate's advantage.
-
-    tree (at_grpo): groups (problem, agent, turn) of K candidates from one observation (Sec. 4.1).
-    Otherwise (mas_grpo, single_agent): groups (problem) of K independent trajectories."""
-    if tree:
-        groups = build_groups([c for e in episodes for t in e.turns for c in t.candidates], k)
-    else:
-        trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
-        groups = build_trajectory_groups(trajectories, k)
-    for group in groups:
-        group.set_advantages(grpo_advantages(group.rewards, eps))
-    return groups
-
-
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if n == 0:
-        return (0.0, 0.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+def compute_advantages(
+    episodes: list[Episode],
+    k: int,
+    eps: float,
+    tree: bool = True,
+    method: str = "at_grpo",
+    step_weight: float = 1.0,
+    role_k: dict[str, int] | None = None,
+) -> list[Group]:
+    """Build the groups of a step, check their invariants, and set each candidate's advantage by
+    `method` (algo/credit.py). Tree (at_grpo): groups (problem, agent, turn) of K candidates from one
+    observation (Sec. 4.1); otherwise (mas_grpo, single_agent): groups (problem) of K independent
+    trajectories."""
+    trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
+    return assign_advantages(trajectories, k, eps, tree, method, step_weight, role_k)
 
 
-def verdict(before: dict | None, after: dict | None, constant: dict | None = None) -> str:
-    """The before/after comparison of held-out success in plain words (95% Wilson intervals), and,
-    when the environment has one, how "after" compares with the best constant answer (baselines.py):
-    a lift that does not clear it may be one learned answer, not solving the task."""
-    if before is None or after is None:
-        return "no evaluation after training to compare with" if before else "no evaluation"
-    (b_low, b_high), (a_low, a_high) = before["ci"], after["ci"]
-    change = f"held-out success {before['success']:.3f} [{b_low:.2f}, {b_high:.2f}] -> {after['success']:.3f} [{a_low:.2f}, {a_high:.2f}]"
-    if a_low > b_high:
-        out = change + ": better after training (the 95% intervals do not overlap)"
-    elif a_high < b_low:
-        out = change + ": worse after training (the 95% intervals do not overlap)"
-    else:
-        out = change + ": no clear change (the 95% intervals overlap)"
-    if constant is None:
-        return out
-    c_low, c_high = constant["ci"]
-    fixed = f"the best constant answer ({constant['answer']!r}, the same reply to every problem) solves {constant['success']:.3f} [{c_low:.2f}, {c_high:.2f}]"
-    if a_low > c_high:
-        return out + f"; above the best constant answer: {fixed}"
-    if a_low > b_high:
-        return out + f"; but not clearly above what a fixed answer scores: {fixed}, so the team may have learned one answer rather than to solve the task"
-    return out + f"; for comparison, {fixed}"
+RULE_NAMES = [rule.name for rule in MOVE_RULES]
 
 
-def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
-    """Mean reward per role and per (role, turn), final team reward and success rate."""
-    out: dict[str, float] = {}
-    by_role: dict[str, list[float]] = {}
-    by_role_turn: dict[str, list[float]] = {}
-    for episode in episodes:
-        for turn in episode.turns:
-            rewards = [c.reward for c in turn.candidates]
-            by_role.setdefault(turn.role, []).extend(rewards)
-            by_role_turn.setdefault(f"{turn.role}/t{turn.turn}", []).extend(rewards)
-    for key, values in {**by_role, **by_role_turn}.items():
-        out[f"{prefix}reward/{key}"] = statistics.fmean(values)
-    everything = [r for values in by_role.values() for r in values]
-    out[f"{prefix}reward/mean"] = statistics.fmean(everything) if everything else 0.0
-    finals = [e.turns[-1].candidates[e.turns[-1].chosen].team for e in episodes if e.turns]
-    out[f"{prefix}team_reward"] = statistics.fmean(finals) if finals else 0.0
-    out[f"{prefix}success_rate"] = statistics.fmean(float(e.success) for e in episodes) if episodes else 0.0
-    out[f"{prefix}turns"] = statistics.fmean(len({t.turn for t in e.turns}) for e in episodes) if episodes else 0.0
-    return out
+def _no_refusals() -> None:
+    """Stop the run when the sandbox refused programs (no bubblewrap, fallback not allowed): a
+    step scored on refusals would train on zeros that say nothing about the programs."""
+    reason = sandbox.take_refusal()
+    if reason is not None:
+        raise sandbox.SandboxUnavailable(reason)
 
 
-class Controller:
-    def __init__(self, task: TaskConfig, backend: PolicyBackend, store: RunStore, tracker: Tracker | None = None,
-                 run_dir: Path | None = None):
+class Trainer:
+    def __init__(
+        self,
+        task: TaskConfig,
+        backend: PolicyBackend,
+        store: RunStore,
+        tracker: Tracker | None = None,
+        run_dir: Path | None = None,
+    ):
         self.task = task
         # The mode, decided once: tree sampling (K candidates per (turn, agent), groups per
         # (problem, agent, turn)) or K independent trajectories per problem (trajectory groups).
@@ -122,25 +103,56 @@ class Controller:
         self.tracker = tracker
         self.run_dir = run_dir  # None: no checkpoints (unit tests)
         self.control = RunControl(store)
-        self.pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, task.train.eval_problems)
+        self.pool = task_pool(task)
+        sandbox.configure(allow_fallback=task.resources.sandbox_fallback)
         self.generate: Generate = backend.generate
         self.step = 0  # the last finished step
-        self.cursor = 0  # index of the next training problem
+        self.cursor = 0  # index of the next training problem (of the current stage)
+        self.stage = 0 if task.train.curriculum else len(task.train.curriculum)  # the curriculum stage in force
+        self.stage_started = 0  # the last step before the stage began
+        self._stage_pools: dict[int, ProblemPool] = {len(task.train.curriculum): self.pool}
         self.last_checkpoint: int | None = None
         self._pending: tuple[Background, int] | None = None  # a checkpoint being sealed in the background
         self.paused = False
         self.stop_requested = False
 
-    def next_problems(self) -> list:
+    @property
+    def train_pool(self) -> ProblemPool:
+        """The training problems of the stage in force (the task's own when there is no curriculum)."""
+        if self.stage not in self._stage_pools:
+            self._stage_pools[self.stage] = ProblemPool(
+                ENVS[self.task.env.name], self.task.stage_params(self.stage), self.task.train.seed, 0
+            )
+        return self._stage_pools[self.stage]
+
+    def next_problems(self) -> list[Problem]:
         """E distinct problems for one step (a repeated problem would merge two groups)."""
-        chosen, seen = [], set()
-        while len(chosen) < self.task.train.problems_per_step:
-            problem = self.pool.train(self.cursor)
-            self.cursor += 1
-            if problem.id not in seen:
-                seen.add(problem.id)
-                chosen.append(problem)
+        chosen, self.cursor = self.train_pool.distinct_train(self.cursor, self.task.train.problems_per_step)
         return chosen
+
+    def promote(self, step: int) -> None:
+        """Move to the next curriculum stage when this one has run `min_steps` steps and the mean
+        training success of its last `window` steps reaches `promote_at` (read from the store, so
+        a resumed run decides exactly as the original)."""
+        stages = self.task.train.curriculum
+        if self.stage >= len(stages):
+            return
+        stage = stages[self.stage]
+        metrics = self.store.metrics()
+        done = [s for s in range(self.stage_started + 1, step + 1) if "success_rate" in metrics.get(s, {})]
+        if len(done) < stage.min_steps:
+            return
+        recent = [metrics[s]["success_rate"] for s in done[-stage.window :]]
+        rolling = statistics.fmean(recent)
+        if rolling >= stage.promote_at:
+            self.stage, self.stage_started, self.cursor = self.stage + 1, step, 0
+            final = " (the task's own problems)" if self.stage == len(stages) else ""
+            self.store.event(
+                step,
+                "curriculum",
+                f"stage {self.stage}{final} from step {step + 1}: training success "
+                f"{rolling:.3f} over the last {len(recent)} steps reached {stage.promote_at}",
+            )
 
     def train_step(self, step: int, progress: Progress | None = None) -> TrainStep:
         """Algorithm 1, one step: sample, group, advantages, filter, update, sync, record."""
@@ -152,20 +164,36 @@ class Controller:
         timing = Timing()
         seed = call_seed(task.train.seed, "step", step)
         if self.tree:  # one live episode per problem; K candidates per (turn, agent), the best continues
-            episodes = [Episode(i, p, self.pool.make(p)) for i, p in enumerate(problems)]
+            episodes = [Episode(i, p, self.train_pool.make(p)) for i, p in enumerate(problems)]
         else:  # K independent trajectories per problem, one candidate per (turn, agent)
-            episodes = [Episode(i * algo.k + j, p, self.pool.make(p)) for i, p in enumerate(problems) for j in range(algo.k)]
-        tree_rollout(task, episodes, self.generate, algo.k if self.tree else 1, seed, timing=timing,
-                     on_turn=lambda t, role: tell(ProgressEvent(f"rollout t{t} {role}", step)))
+            episodes = [
+                Episode(i * algo.k + j, p, self.train_pool.make(p))
+                for i, p in enumerate(problems)
+                for j in range(algo.k)
+            ]
+        tree_rollout(
+            task,
+            episodes,
+            self.generate,
+            algo.k if self.tree else 1,
+            seed,
+            timing=timing,
+            on_turn=lambda t, role: tell(ProgressEvent(f"rollout t{t} {role}", step)),
+        )
 
-        groups = compute_advantages(episodes, algo.k, algo.std_eps, self.tree)
+        _no_refusals()
+        role_k = {r.name: r.k for r in task.roles if r.k is not None}
+        groups = compute_advantages(episodes, algo.k, algo.std_eps, self.tree, algo.advantage, algo.step_weight, role_k)
         kept, report = filter_groups(groups, algo.filter)
         kept_keys = {g.key for g in kept}
         samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
+        weights = {role.name: role.loss_weight for role in task.roles}
         for group in kept:
             for c in group.members:  # routed only to the policy of the candidate's role
-                samples[c.policy].append(Sample(c.prompt_ids, c.response_ids, c.advantage, c.temperature,
-                                                tuple(c.logprobs)))
+                advantage = c.advantage * weights.get(c.role, 1.0)  # the role's weight in its policy's loss
+                samples[c.policy].append(
+                    Sample(c.prompt_ids, c.response_ids, advantage, c.temperature, tuple(c.logprobs), role=c.role)
+                )
 
         tell(ProgressEvent("learner", step))
         learner_started = time.perf_counter()
@@ -182,19 +210,18 @@ class Controller:
         metrics["filtered_groups"] = report.dropped_groups
         metrics["filtered_samples"] = report.dropped_samples
         for name, update in updates.items():
-            for key in ("loss", "nll", "clip_frac", "grad_norm", "samples", "tokens", "mismatch_abs", "mismatch_kl",
-                        "ratio_mean", "ratio_min", "ratio_max", "kl_initial", "tis_weight_mean", "tis_capped_frac"):
+            for key in LEARNER_METRICS:
                 if key in update:
                     metrics[f"{key}/{name}"] = update[key]
+            metrics.update({k: v for k, v in update.items() if k.startswith("grad_norm_role/")})
         total = time.perf_counter() - started
-        metrics["time/rollout"] = timing.generate_s
-        metrics["time/reward"] = timing.reward_s
-        metrics["time/learner"] = learner_s
-        metrics["time/weight_sync"] = sync_s
-        metrics["time/other"] = max(0.0, total - timing.generate_s - timing.reward_s - learner_s - sync_s)
+        split = (timing.generate_s, timing.reward_s, learner_s, sync_s)
+        metrics.update(zip(TIME_KEYS, (*split, max(0.0, total - sum(split)))))
         metrics["time/step"] = total
         metrics["tokens_generated"] = timing.generated_tokens
         metrics["tokens_per_s"] = timing.generated_tokens / timing.generate_s if timing.generate_s else 0.0
+        if task.train.curriculum:
+            metrics["curriculum/stage"] = float(self.stage)
 
         self.store.write_step(step, started_wall, episodes, "train", stats, metrics)
         return TrainStep(step, episodes, metrics)
@@ -215,14 +242,16 @@ class Controller:
         from mas_lab.rollout.engine import encode_chat
 
         task = self.task
-        by_model = {model: AutoTokenizer.from_pretrained(resolve(model)) for model in {p.model for p in task.policies.values()}}
+        by_model = {
+            model: AutoTokenizer.from_pretrained(resolve(model)) for model in {p.model for p in task.policies.values()}
+        }
         tokenizers = {name: by_model[policy.model] for name, policy in task.policies.items()}
         rng = random.Random(call_seed(task.train.seed, "warmup"))
         roles = [r.name for r in task.roles]
         for i in range(task.train.warmup_steps):
             samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
             for problem in self.next_problems():
-                env = self.pool.make(problem)
+                env = self.train_pool.make(problem)
                 for role in roles:
                     policy = task.policy_of(role)
                     tokenizer = tokenizers[policy]
@@ -231,42 +260,110 @@ class Controller:
                     messages = with_system(env.messages(role, 0), task.role(role).system_prompt)
                     samples[policy].append(Sample(encode_chat(tokenizer, messages), response, 1.0, demonstration=True))
             updates = self.backend.update(samples)
-            self.store.event(0, "warmup", f"format warm-up step {i + 1}/{task.train.warmup_steps}: "
-                             + ", ".join(f"nll/{n} {u['nll']:.3f}" for n, u in updates.items()))
+            self.store.event(
+                0,
+                "warmup",
+                f"format warm-up step {i + 1}/{task.train.warmup_steps}: "
+                + ", ".join(f"nll/{n} {u['nll']:.3f}" for n, u in updates.items()),
+            )
         self.backend.sync_weights(0)
 
     def evaluate(self, step: int, samples: int = 1) -> dict[str, float]:
         """Episodes on the fixed held-out problems, one trajectory each (K = 1): greedy when
         `samples` is 1, else `samples` sampled trajectories per problem at the roles' settings.
-        Success rate with a 95% Wilson interval, mean turns, mean reward per role."""
-        problems = self.pool.eval_set
+        Success rate with a 95% Wilson interval, mean turns, mean reward per role; beside it, on
+        the same problems, what the baselines without a model solve (the best constant answer and,
+        in the move games, the reading rules), and the team's success on the hard split (the
+        problems the either-order reading rule does not solve: `train.hard_eval_problems` more
+        held-out ones when set, else the hard members of the evaluation set)."""
+        problems, hard_extra = self.pool.eval_set, self.pool.hard_set
         if not problems:
             return {}
         started_wall, started = time.time(), time.perf_counter()
-        episodes = [Episode(i * samples + j, p, self.pool.make(p)) for i, p in enumerate(problems) for j in range(samples)]
-        tree_rollout(self.task, episodes, self.generate, 1, call_seed(self.task.train.seed, "eval"), greedy=samples == 1)
-        metrics = reward_metrics(episodes, prefix="eval/")
-        low, high = wilson_interval(sum(e.success for e in episodes), len(episodes))
+        episodes = [
+            Episode(i * samples + j, p, self.pool.make(p))
+            for i, p in enumerate([*problems, *hard_extra])
+            for j in range(samples)
+        ]
+        tree_rollout(
+            self.task, episodes, self.generate, 1, call_seed(self.task.train.seed, "eval"), greedy=samples == 1
+        )
+        _no_refusals()
+        main = episodes[: len(problems) * samples]
+        metrics = reward_metrics(main, prefix="eval/")
+        low, high = wilson_interval(sum(e.success for e in main), len(main))
         metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
         # how many different first answers the team gave: 1 means one reply to every problem
         env_cls = ENVS[self.task.env.name]
         answerers = {env_cls.answer_role, env_cls.single_role}
-        metrics["eval/distinct_answers"] = float(len({t.candidates[t.chosen].response for e in episodes
-                                                      for t in e.turns if t.turn == 0 and t.role in answerers}))
+        metrics["eval/distinct_answers"] = float(
+            len({t.candidates[t.chosen].response for e in main for t in e.turns if t.turn == 0 and t.role in answerers})
+        )
         constant = self.constant
         if constant is not None:
             metrics["eval/constant_success"] = constant.success
-            metrics["eval/constant_ci_low"], metrics["eval/constant_ci_high"] = wilson_interval(constant.solved, constant.problems)
+            metrics["eval/constant_ci_low"], metrics["eval/constant_ci_high"] = wilson_interval(
+                constant.solved, constant.problems
+            )
+        metrics.update(self._rule_metrics(episodes, samples))
         metrics["eval/time"] = time.perf_counter() - started
         self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
-        self.store.event(step, "eval", f"success {metrics['eval/success_rate']:.3f} on {len(episodes)} episodes"
-                         + (f"; best constant answer {constant.answer!r} {constant.success:.3f}" if constant else ""))
+        hard = (
+            f"; hard split {metrics['eval/hard/success_rate']:.3f} on {int(metrics['eval/hard/problems'])} problems"
+            if "eval/hard/success_rate" in metrics
+            else ""
+        )
+        self.store.event(
+            step,
+            "eval",
+            f"success {metrics['eval/success_rate']:.3f} on {len(main)} episodes"
+            + (f"; best constant answer {constant.answer!r} {constant.success:.3f}" if constant else "")
+            + "".join(
+                f"; {name} {metrics[f'eval/rule/{name}']:.3f}" for name in RULE_NAMES if f"eval/rule/{name}" in metrics
+            )
+            + hard,
+        )
         return metrics
+
+    def _rule_metrics(self, episodes: list[Episode], samples: int) -> dict[str, float]:
+        """The reading rules' success on the evaluation set (eval/rule/NAME with its interval), the
+        BFS optimum's mean move count, and the team's and the rules' success on the hard split."""
+        rules = self.rules
+        if rules is None:
+            return {}
+        n = len(self.pool.eval_set)
+        out: dict[str, float] = {}
+        for name, solved in rules.solved.items():
+            out[f"eval/rule/{name}"] = sum(solved[:n]) / n
+            out[f"eval/rule/{name}_ci_low"], out[f"eval/rule/{name}_ci_high"] = wilson_interval(sum(solved[:n]), n)
+        out["eval/optimum_moves"] = statistics.fmean(rules.moves["optimum"][:n])
+        if self.pool.hard_set:  # the extra hard problems follow the evaluation set
+            hard = list(range(n, len(rules.hard)))
+        else:
+            hard = [i for i in range(n) if rules.hard[i]]
+        out["eval/hard/problems"] = float(len(hard))
+        if hard:
+            outcomes = [e.success for i in hard for e in episodes[i * samples : (i + 1) * samples]]
+            out["eval/hard/success_rate"] = sum(outcomes) / len(outcomes)
+            out["eval/hard/success_ci_low"], out["eval/hard/success_ci_high"] = wilson_interval(
+                sum(outcomes), len(outcomes)
+            )
+            for name, solved in rules.solved.items():
+                out[f"eval/hard/rule/{name}"] = sum(solved[i] for i in hard) / len(hard)
+        return out
 
     @functools.cached_property
     def constant(self) -> ConstantBaseline | None:
         """The best fixed answer on the held-out problems (baselines.py), or None; computed once."""
         return task_baseline(self.task, self.pool.eval_set) if self.pool.eval_set else None
+
+    @functools.cached_property
+    def rules(self) -> RuleResults | None:
+        """The reading rules on the evaluation set and then the extra hard problems; computed once."""
+        env_cls = ENVS[self.task.env.name]
+        return rule_results(
+            env_cls, self.pool.params, [*self.pool.eval_set, *self.pool.hard_set], self.task.env.max_turns
+        )
 
     # --- the run: steps, safe points, checkpoints -------------------------------------------------
     def run(self, progress: Progress | None = None) -> dict[str, float]:
@@ -275,8 +372,9 @@ class Controller:
         train, every = self.task.train, self.task.checkpoint.every
 
         def tell(event: ProgressEvent) -> None:
-            self.control.publish(step=event.step, phase=event.phase, paused=self.paused,
-                                 last_checkpoint=self.last_checkpoint)
+            self.control.publish(
+                step=event.step, phase=event.phase, paused=self.paused, last_checkpoint=self.last_checkpoint
+            )
             if progress:
                 progress(event)
 
@@ -291,6 +389,7 @@ class Controller:
             step = self.step + 1
             result = self.train_step(step, tell)
             self.step = step
+            self.promote(step)
             tell(ProgressEvent("done", step, result.metrics))
             if step == train.steps or (train.eval_every and step % train.eval_every == 0):
                 tell(ProgressEvent("eval", step))
@@ -312,17 +411,51 @@ class Controller:
             if step is None:
                 return None
             m = metrics[step]
-            return {"step": step, "success": m["eval/success_rate"],
-                    "ci": [m.get("eval/success_ci_low"), m.get("eval/success_ci_high")]}
+            return {
+                "step": step,
+                "success": m["eval/success_rate"],
+                "ci": [m.get("eval/success_ci_low"), m.get("eval/success_ci_high")],
+            }
 
         before = at(evals[0] if evals else None)
         after = at(evals[-1] if evals and evals[-1] == self.step and self.step > evals[0] else None)
         best = self.constant if evals else None
-        constant = None if best is None else {"answer": best.answer, "success": best.success,
-                                              "ci": list(wilson_interval(best.solved, best.problems))}
-        return {"eval_before": before["success"] if before else None, "eval_after": after["success"] if after else None,
-                "before": before, "after": after, "constant": constant, "verdict": verdict(before, after, constant),
-                "steps": self.step, "stopped": self.step < self.task.train.steps}
+        constant = (
+            None
+            if best is None
+            else {
+                "answer": best.answer,
+                "success": best.success,
+                "ci": list(wilson_interval(best.solved, best.problems)),
+            }
+        )
+        said = verdict(before, after, constant)
+        last = metrics[after["step"]] if after else None
+        baselines = baselines_from_metrics(last, RULE_LABELS) if last else {}
+        if after and len(baselines) > 1:  # the reading rules too, not only the constant answer
+            said += f". Against the baselines without a model, after training it is {rules_verdict(after, baselines)}"
+        if last and "eval/hard/problems" in last:
+            said += f". On the hard split (a detour needed): {hard_split_text(last)}"
+        return {
+            "eval_before": before["success"] if before else None,
+            "eval_after": after["success"] if after else None,
+            "before": before,
+            "after": after,
+            "constant": constant,
+            "baselines": baselines,
+            "hard_after": (
+                {
+                    "success": last["eval/hard/success_rate"],
+                    "problems": int(last["eval/hard/problems"]),
+                    "ci": [last["eval/hard/success_ci_low"], last["eval/hard/success_ci_high"]],
+                }
+                if last and "eval/hard/success_rate" in last
+                else None
+            ),
+            "verdict": said,
+            "steps": self.step,
+            "stopped": self.step < self.task.train.steps,
+        }
 
     def request_stop(self) -> None:
         """From a signal handler: stop at the next safe point, with a checkpoint."""
@@ -377,8 +510,15 @@ class Controller:
             self._collect_checkpoint(wait=True)
             return
         self._collect_checkpoint(wait=True)  # one checkpoint in flight at a time
-        state = {"step": step, "cursor": self.cursor, "mlflow_run_id": self.tracker.run_id if self.tracker else None,
-                 "task": self.task.model_dump(mode="json"), "store": self.store.digest(step)}
+        state = {
+            "step": step,
+            "cursor": self.cursor,
+            "stage": self.stage,
+            "stage_started": self.stage_started,
+            "mlflow_run_id": self.tracker.run_id if self.tracker else None,
+            "task": self.task.model_dump(mode="json"),
+            "store": self.store.digest(step),
+        }
         keep_last = self.task.checkpoint.keep_last
         if not self.task.checkpoint.background:
             path, seconds = checkpoint.save(self.run_dir, step, state, self.backend.save_policies, keep_last)
@@ -419,4 +559,7 @@ class Controller:
         self.backend.load_policies(path / "policies", state["step"])
         checkpoint.restore_driver_rng(path)
         self.step, self.cursor, self.last_checkpoint = state["step"], state["cursor"], state["step"]
+        # checkpoints from before the curriculum have no stage: the task's own problems
+        self.stage = state.get("stage", len(self.task.train.curriculum))
+        self.stage_started = state.get("stage_started", 0)
         return state

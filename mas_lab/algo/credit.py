@@ -1,0 +1,86 @@
+"""Credit assignment: which samples share a baseline, and how each sample's advantage is formed
+from the rewards of its group. One pure function per method (`algorithm.advantage`); all work on
+the same rollouts (the tree's K candidates per (problem, agent, turn), or K independent trajectories
+per problem), so the methods can be compared on identical data. Formulas: docs/algorithm.md.
+
+- `at_grpo` (default): the paper's Eq. 3 in its groups (problem, agent, turn) under tree sampling,
+  (problem) under trajectory-level GRPO: A = (r - mean) / (std + eps).
+- `rloo`: the same groups, each sample against the mean of its K - 1 siblings (leave-one-out).
+- `dr_mas`: Dr. MAS (Feng et al. 2026, arXiv 2602.08847; langfengQ/DrMAS `group_by_agent_id`):
+  rewards normalised per agent: the group is (problem, agent), every sample of that agent on the
+  problem with its own reward, so an agent whose rewards live on another scale than its teammates'
+  is not rescaled by theirs. On the tree, AT-GRPO's groups are already per agent; Dr. MAS then
+  differs only by pooling an agent's turns of a problem into one group.
+- `gigpo`: GiGPO (Feng et al. 2025, arXiv 2505.10978), trajectory modes only: the episode
+  advantage of trajectory GRPO (Eq. 3 there) plus `step_weight` times a step advantage within
+  step groups, the samples of one problem's K trajectories that met the identical observation
+  (anchor states, Eq. 6-7: same role and prompt), each sample's own reward as its step reward.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from mas_lab.algo.advantage import grpo_advantages, rloo_advantages
+from mas_lab.algo.groups import ALL_TURNS, Candidate, Group, GroupKey, build_groups, build_trajectory_groups
+
+METHODS = ("at_grpo", "rloo", "dr_mas", "gigpo")
+
+
+def assign_advantages(
+    trajectories: list[tuple[str, list[Candidate]]],
+    k: int,
+    eps: float,
+    tree: bool,
+    method: str = "at_grpo",
+    step_weight: float = 1.0,
+    role_k: dict[str, int] | None = None,
+) -> list[Group]:
+    """Build the groups `method` needs from a step's trajectories (problem id, its candidates in
+    order), check them, and set every candidate's advantage. Returns the groups that carry the
+    baselines: the ones the filter and the store see."""
+    candidates = [c for _, unit in trajectories for c in unit]
+    if method not in METHODS:
+        raise ValueError(f"unknown advantage method '{method}'; allowed: {list(METHODS)}")
+    if method == "gigpo" and tree:
+        raise ValueError("gigpo needs independent trajectories (algorithm.mode mas_grpo or single_agent)")
+    if method == "dr_mas":
+        groups = build_agent_groups(candidates)
+        for group in groups:
+            group.set_advantages(grpo_advantages(group.rewards, eps))
+        return groups
+    groups = build_groups(candidates, k, role_k) if tree else build_trajectory_groups(trajectories, k)
+    for group in groups:
+        group.set_advantages(
+            rloo_advantages(group.rewards) if method == "rloo" else grpo_advantages(group.rewards, eps)
+        )
+    if method == "gigpo":
+        for step_group in build_step_groups(candidates):
+            for candidate, advantage in zip(step_group, grpo_advantages([c.reward for c in step_group], eps)):
+                candidate.advantage += step_weight * advantage
+    return groups
+
+
+def build_agent_groups(candidates: list[Candidate]) -> list[Group]:
+    """Dr. MAS's groups: (problem, agent) over every turn, each candidate a unit with its own
+    reward (key turn ALL_TURNS). A sample alone in its group has no baseline: advantage 0, and
+    no group (it is not trained on)."""
+    by_key: dict[GroupKey, list[Candidate]] = defaultdict(list)
+    for candidate in candidates:
+        by_key[GroupKey(candidate.problem_id, candidate.role, ALL_TURNS)].append(candidate)
+    groups = []
+    for key, members in by_key.items():
+        if len(members) < 2:
+            members[0].advantage = 0.0
+            continue
+        groups.append(Group(key, [[c] for c in members], [c.reward for c in members]))
+    return groups
+
+
+def build_step_groups(candidates: list[Candidate]) -> list[list[Candidate]]:
+    """GiGPO's step groups: the samples of one problem (across its K trajectories) that saw the
+    same observation as the same role; only groups of two or more carry a step advantage."""
+    by_anchor: dict[tuple[str, str, str], list[Candidate]] = defaultdict(list)
+    for candidate in candidates:
+        by_anchor[(candidate.problem_id, candidate.role, candidate.prompt_hash)].append(candidate)
+    return [members for members in by_anchor.values() if len(members) >= 2]

@@ -1,0 +1,202 @@
+"""Runs side by side (`mas-lab compare RUN_OR_STUDY ... -o DIR`): their curves overlaid against
+steps (held-out success with its 95% intervals, reward per role, KL to the initial policy,
+entropy, the zero-std share), each run faint and the mean of each label bold; the settings in
+which the runs differ; and a table of the final held-out success pooled per label with its
+interval and per-run values. Runs are labelled by their regime (a kept study run's summary) or
+their task's name; runs with one label are seeds of one setting. PNG and Markdown out."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from mas_lab.notebook import RunData, load_run, load_study
+from mas_lab.reporting import wilson_interval
+
+PANELS = {
+    "success": ("held-out success (greedy)", ["eval/success_rate"]),
+    "reward": ("training reward per role", ["reward/"]),
+    "kl": ("KL to the initial policy", ["kl_initial/"]),
+    "entropy": ("entropy of the sampled distributions", ["entropy/"]),
+    "zero_std": ("share of groups with no signal (zero-std)", ["zero_std_frac"]),
+}
+
+
+@dataclass
+class Compared:
+    label: str
+    name: str
+    run: RunData
+
+
+def gather(paths: list[Path], labels: dict[Path, str] | None = None) -> list[Compared]:
+    """Every run under the given run or study folders, with its label (`labels`: a run folder's
+    label, given; else its kept summary's regime, else its task's name)."""
+    labels = labels or {}
+    found: list[Compared] = []
+    for path in paths:
+        runs = (
+            {path.name: load_run(path)}
+            if (path / "run.db").is_file() or (path / "run.db.xz").is_file()
+            else {f"{path.name}/{name}": run for name, run in load_study(path).runs.items()}
+        )
+        for name, run in runs.items():
+            summary = run.path / "summary.json"
+            regime = json.loads(summary.read_text()).get("regime") if summary.is_file() else None
+            label = labels.get(path) or regime or str(run.task.get("name") or name)
+            found.append(Compared(label, name, run))
+    if not found:
+        raise FileNotFoundError(f"no run folder (run.db or run.db.xz) under {', '.join(map(str, paths))}")
+    return found
+
+
+def _keys(metrics, patterns: list[str]) -> list[str]:
+    return [
+        k
+        for k in metrics.columns
+        if any(
+            k == p or (p.endswith("/") and k.startswith(p) and k.count("/") == 1 and k != "reward/mean")
+            for p in patterns
+        )
+    ]
+
+
+def plot(runs: list[Compared], out: Path) -> list[Path]:
+    """One PNG per panel: each run faint, each label's mean bold (mean over its runs at each step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    labels = list(dict.fromkeys(r.label for r in runs))
+    written = []
+    for panel, (title, patterns) in PANELS.items():
+        keys = sorted({k for r in runs for k in _keys(r.run.metrics, patterns)})
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+        for index, label in enumerate(labels):
+            colour = colours[index % len(colours)]
+            members = [r for r in runs if r.label == label]
+            for style, key in zip(("-", "--", ":", "-."), keys):
+                series = [r.run.metrics[key].dropna() for r in members if key in r.run.metrics]
+                if not series:
+                    continue
+                for s in series if len(series) > 1 else []:
+                    ax.plot(s.index, s.values, color=colour, alpha=0.25, linewidth=1, linestyle=style)
+                steps = sorted({int(i) for s in series for i in s.index})
+                means = [statistics.fmean(float(s[i]) for s in series if i in s.index) for i in steps]
+                suffix = f" {key.split('/', 1)[1]}" if "/" in key and len(keys) > 1 else ""
+                ax.plot(
+                    steps,
+                    means,
+                    color=colour,
+                    linewidth=2,
+                    linestyle=style,
+                    marker="o" if panel == "success" else None,
+                    label=f"{label}{suffix} ({len(series)} run{'s' * (len(series) > 1)})",
+                )
+            if panel == "success":  # the pooled 95% interval of each label at each evaluated step
+                band = _pooled_by_step(members)
+                if band:
+                    ax.fill_between(
+                        [s for s, _, _ in band],
+                        [lo for _, lo, _ in band],
+                        [hi for _, _, hi in band],
+                        color=colour,
+                        alpha=0.12,
+                        linewidth=0,
+                    )
+        if panel == "success":
+            ax.set_ylim(-0.02, 1.02)
+        ax.set(title=title, xlabel="training step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"compare_{panel}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _pooled_by_step(members: list[Compared]) -> list[tuple[int, float, float]]:
+    """(step, low, high): the Wilson interval of the held-out success pooled over the runs."""
+    counts: dict[int, list[int]] = {}
+    for r in members:
+        episodes = r.run.episodes.query("kind == 'eval'")
+        for step, group in episodes.groupby("step"):
+            solved, n = counts.setdefault(int(step), [0, 0])
+            counts[int(step)] = [solved + int(group["success"].sum()), n + len(group)]
+    return [(step, *wilson_interval(solved, n)) for step, (solved, n) in sorted(counts.items())]
+
+
+def differences(runs: list[Compared]) -> dict[str, list[str]]:
+    """The task settings that differ between the labels or between the runs of one label: flat key
+    -> each label's value (its runs' values joined with " / " where they differ, e.g. seeds)."""
+    from mas_lab.config import TaskConfig, flat_params, stored_task_data
+
+    flat = []
+    for r in runs:
+        try:
+            flat.append(flat_params(TaskConfig.model_validate(stored_task_data(r.run.task))))
+        except Exception:  # a task this version cannot read: compare what was stored
+            flat.append({k: str(v) for k, v in r.run.task.items()})
+    keys = sorted({k for f in flat for k in f})
+    labels = list(dict.fromkeys(r.label for r in runs))
+    out = {}
+    for key in keys:
+        if len({f.get(key) for f in flat}) > 1:
+            out[key] = [
+                " / ".join(dict.fromkeys(f.get(key, "-") for f, r in zip(flat, runs) if r.label == label))
+                for label in labels
+            ]
+    return out
+
+
+def table(runs: list[Compared]) -> list[str]:
+    """Final held-out success pooled per label (95% Wilson interval) and per run."""
+    lines = ["| label | runs | final held-out success, pooled [95% interval] | per run |", "|---|---|---|---|"]
+    for label in dict.fromkeys(r.label for r in runs):
+        finals = []
+        for r in (r for r in runs if r.label == label):
+            episodes = r.run.episodes.query("kind == 'eval'")
+            if len(episodes):
+                last = episodes[episodes["step"] == episodes["step"].max()]
+                finals.append((int(last["success"].sum()), len(last)))
+        if not finals:
+            continue
+        solved, n = sum(s for s, _ in finals), sum(n for _, n in finals)
+        low, high = wilson_interval(solved, n)
+        lines.append(
+            f"| {label} | {len(finals)} | {solved / n:.3f} [{low:.3f}, {high:.3f}] (n={n}) | "
+            f"{' / '.join(f'{s / m:.3f}' for s, m in finals)} |"
+        )
+    return lines
+
+
+def compare(paths: list[Path], out: Path, labels: dict[Path, str] | None = None) -> Path:
+    """Write compare.md and the PNGs into `out`; returns the Markdown file."""
+    runs = gather(paths, labels)
+    out.mkdir(parents=True, exist_ok=True)
+    images = plot(runs, out)
+    diff = differences(runs)
+    lines = [f"# {len(runs)} runs compared", "", "Runs: " + ", ".join(f"`{r.name}` ({r.label})" for r in runs), ""]
+    lines += table(runs) + [""]
+    if diff:
+        lines += [
+            "Settings that differ:",
+            "",
+            "| setting | " + " | ".join(dict.fromkeys(r.label for r in runs)) + " |",
+            "|---|" + "---|" * len(dict.fromkeys(r.label for r in runs)),
+        ]
+        lines += [f"| `{k}` | " + " | ".join(values) + " |" for k, values in diff.items()]
+    else:
+        lines += ["The runs' settings are identical."]
+    lines += ["", *[f"![{p.stem}]({p.name})" for p in images], ""]
+    path = out / "compare.md"
+    path.write_text("\n".join(lines))
+    return path

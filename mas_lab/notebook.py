@@ -1,0 +1,221 @@
+"""A run (or a folder of runs) as pandas tables, for notebooks:
+
+    import mas_lab
+    run = mas_lab.load_run("sample_runs/plan_path_learns_smollm2")
+    run.metrics[["eval/success_rate", "eval/rule/rows_first"]].dropna()   # one row per step
+    run.candidates.query("role == 'planner' and chosen")[["step", "response", "reward", "advantage"]]
+    study = mas_lab.load_study("results/reproduce/plan_path")
+    study.summary                       # one row per run: regime, seed, success before and after
+
+Every table is read from the run store (store.py holds the SQL); a kept run whose store is
+compressed (`run.db.xz`, as results/reproduce/ keeps them) is unpacked into a temporary file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import lzma
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mas_lab.store import RunStore
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The documented columns of each table (tests check them on a committed sample run).
+COLUMNS = {
+    "episodes": ["step", "kind", "episode", "problem_id", "problem", "success", "turns", "final_state"],
+    "turns": [
+        "step",
+        "kind",
+        "episode",
+        "problem_id",
+        "turn",
+        "role",
+        "policy",
+        "system",
+        "observation",
+        "chosen",
+        "state_after",
+    ],
+    "candidates": [
+        "step",
+        "kind",
+        "episode",
+        "problem_id",
+        "turn",
+        "role",
+        "policy",
+        "candidate",
+        "messages",
+        "response",
+        "reward",
+        "team",
+        "local",
+        "components",
+        "advantage",
+        "chosen",
+        "group_kept",
+        "logprobs",
+        "prompt_tokens",
+        "response_tokens",
+        "policy_version",
+    ],
+    "groups": [
+        "step",
+        "problem_id",
+        "role",
+        "turn",
+        "n",
+        "reward_mean",
+        "reward_std",
+        "reward_min",
+        "reward_max",
+        "adv_min",
+        "adv_max",
+        "zero_std",
+        "kept",
+    ],
+    "events": ["ts", "step", "kind", "message"],
+}
+
+
+@dataclass
+class RunData:
+    """One run's tables. `metrics` is wide (one row per step, a column per metric key, NaN where a
+    step did not record it); the others are long (one row per record)."""
+
+    path: Path
+    task: dict
+    store_file: Path
+    _scratch: Any = field(default=None, repr=False)  # the temporary folder of an unpacked store
+
+    def _store(self) -> RunStore:
+        return RunStore(self.store_file, create=False)
+
+    def _frame(self, rows: list[dict], name: str) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame(rows, columns=COLUMNS[name]) if not rows else pd.DataFrame(rows)[COLUMNS[name]]
+
+    @functools.cached_property
+    def metrics(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        store = self._store()
+        try:
+            by_step = store.metrics()
+        finally:
+            store.close()
+        frame = pd.DataFrame.from_dict(by_step, orient="index").sort_index()
+        frame.index.name = "step"
+        return frame
+
+    @functools.cached_property
+    def episodes(self) -> "pd.DataFrame":
+        store = self._store()
+        try:
+            return self._frame(store.episode_table(), "episodes")
+        finally:
+            store.close()
+
+    @functools.cached_property
+    def turns(self) -> "pd.DataFrame":
+        store = self._store()
+        try:
+            return self._frame(store.turn_table(), "turns")
+        finally:
+            store.close()
+
+    @functools.cached_property
+    def candidates(self) -> "pd.DataFrame":
+        """Training and evaluation candidates with the chat messages each policy saw (export's records)."""
+        from mas_lab.export import records
+
+        store = self._store()
+        try:
+            rows = [
+                dict(r, problem=json.loads(r["problem"]), components=json.loads(r["components"]))
+                for kind in ("train", "eval")
+                for r in records(store, kind)
+            ]
+        finally:
+            store.close()
+        return self._frame(rows, "candidates")
+
+    @functools.cached_property
+    def groups(self) -> "pd.DataFrame":
+        store = self._store()
+        try:
+            return self._frame(store.group_table(), "groups")
+        finally:
+            store.close()
+
+    @functools.cached_property
+    def events(self) -> "pd.DataFrame":
+        store = self._store()
+        try:
+            return self._frame(store.events(0.0), "events")
+        finally:
+            store.close()
+
+
+def load_run(path: str | Path) -> RunData:
+    """A run folder (runs/<run>, a sample run, a kept run with run.db.xz) as tables."""
+    import yaml
+
+    folder = Path(path)
+    store_file, scratch = folder / "run.db", None
+    if not store_file.is_file() and (folder / "run.db.xz").is_file():
+        scratch = tempfile.TemporaryDirectory(prefix="mas-lab-run-")
+        store_file = Path(scratch.name) / "run.db"
+        with lzma.open(folder / "run.db.xz") as packed, open(store_file, "wb") as plain:
+            shutil.copyfileobj(packed, plain)
+    if not store_file.is_file():
+        raise FileNotFoundError(f"{folder}: no run.db (nor run.db.xz)")
+    task_file = folder / "task.yaml"
+    task = yaml.safe_load(task_file.read_text()) if task_file.is_file() else {}
+    return RunData(folder, task, store_file, scratch)
+
+
+@dataclass
+class StudyData:
+    """Every run under a folder (a study, results/reproduce/<family>): `runs` maps each run's path
+    relative to the folder to its RunData; `summary` has a row per run."""
+
+    path: Path
+    runs: dict[str, RunData]
+
+    @functools.cached_property
+    def summary(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        rows = []
+        for name, run in self.runs.items():
+            kept = run.path / "summary.json"
+            summary = json.loads(kept.read_text()) if kept.is_file() else {}
+            evals = run.metrics["eval/success_rate"].dropna() if "eval/success_rate" in run.metrics else None
+            rows.append(
+                {
+                    "run": name,
+                    "task": run.task.get("name"),
+                    "regime": summary.get("regime"),
+                    "seed": summary.get("seed", (run.task.get("train") or {}).get("seed")),
+                    "steps": int(run.metrics.index.max()) if len(run.metrics) else 0,
+                    "success_before": float(evals.iloc[0]) if evals is not None and len(evals) else None,
+                    "success_after": float(evals.iloc[-1]) if evals is not None and len(evals) > 1 else None,
+                }
+            )
+        return pd.DataFrame(rows)
+
+
+def load_study(path: str | Path) -> StudyData:
+    """Every run folder under `path` (one with run.db or run.db.xz), by its relative path."""
+    root = Path(path)
+    found = sorted({p.parent for pattern in ("**/run.db", "**/run.db.xz") for p in root.glob(pattern)})
+    return StudyData(root, {str(folder.relative_to(root)): load_run(folder) for folder in found})

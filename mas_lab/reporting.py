@@ -1,0 +1,137 @@
+"""The statistics a run reports: Wilson intervals, the before/after verdict in words, how held-out
+success compares with the baselines that use no model, and the reward metrics of a set of episodes.
+
+Pure functions of numbers and episode records (no model, no store, no Ray), so the benchmarks and
+the study reports use them without importing the training loop.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from mas_lab.episodes import Episode
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def verdict(before: dict | None, after: dict | None, constant: dict | None = None) -> str:
+    """The before/after comparison of held-out success in plain words (95% Wilson intervals), and,
+    when the environment has one, how "after" compares with the best constant answer (baselines.py):
+    a lift that does not clear it may be one learned answer, not solving the task."""
+    if before is None or after is None:
+        return "no evaluation after training to compare with" if before else "no evaluation"
+    (b_low, b_high), (a_low, a_high) = before["ci"], after["ci"]
+    change = f"held-out success {before['success']:.3f} [{b_low:.2f}, {b_high:.2f}] -> {after['success']:.3f} [{a_low:.2f}, {a_high:.2f}]"
+    if a_low > b_high:
+        out = change + ": better after training (the 95% intervals do not overlap)"
+    elif a_high < b_low:
+        out = change + ": worse after training (the 95% intervals do not overlap)"
+    else:
+        out = change + ": no clear change (the 95% intervals overlap)"
+    if constant is None:
+        return out
+    c_low, c_high = constant["ci"]
+    fixed = f"the best constant answer ({constant['answer']!r}, the same reply to every problem) solves {constant['success']:.3f} [{c_low:.2f}, {c_high:.2f}]"
+    if a_low > c_high:
+        return out + f"; above the best constant answer: {fixed}"
+    if a_low > b_high:
+        return (
+            out
+            + f"; but not clearly above what a fixed answer scores: {fixed}, so the team may have learned one answer rather than to solve the task"
+        )
+    return out + f"; for comparison, {fixed}"
+
+
+def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
+    """Mean reward per role and per (role, turn), final team reward and success rate."""
+    out: dict[str, float] = {}
+    by_role: dict[str, list[float]] = {}
+    by_role_turn: dict[str, list[float]] = {}
+    for episode in episodes:
+        for turn in episode.turns:
+            rewards = [c.reward for c in turn.candidates]
+            by_role.setdefault(turn.role, []).extend(rewards)
+            by_role_turn.setdefault(f"{turn.role}/t{turn.turn}", []).extend(rewards)
+    for key, values in {**by_role, **by_role_turn}.items():
+        out[f"{prefix}reward/{key}"] = statistics.fmean(values)
+    everything = [r for values in by_role.values() for r in values]
+    out[f"{prefix}reward/mean"] = statistics.fmean(everything) if everything else 0.0
+    # the live state's at the end: in a parallel turn the last agent's branch misses the others' actions
+    finals = [e.final_team for e in episodes if e.turns]
+    out[f"{prefix}team_reward"] = statistics.fmean(finals) if finals else 0.0
+    out[f"{prefix}success_rate"] = statistics.fmean(float(e.success) for e in episodes) if episodes else 0.0
+    out[f"{prefix}turns"] = statistics.fmean(len({t.turn for t in e.turns}) for e in episodes) if episodes else 0.0
+    return out
+
+
+def compare(success: float, ci: tuple[float, float] | list[float], low: float, high: float) -> str:
+    """'above', 'below' or 'level with' a baseline's 95% interval [low, high] (intervals apart, or not)."""
+    if ci[0] > high:
+        return "above"
+    if ci[1] < low:
+        return "below"
+    return "level with"
+
+
+def rules_verdict(result: Mapping, rules: Mapping[str, Mapping]) -> str:
+    """Which baselines without a model a held-out success clears, in words: "above the best constant
+    answer and one move toward the goal per turn; level with the rows-first reading rule; below the
+    either-order reading rule". `result` has `success` and `ci`; each rule has `label`, `success`, `ci`."""
+    by_word: dict[str, list[str]] = {"above": [], "level with": [], "below": []}
+    for rule in rules.values():
+        by_word[compare(result["success"], result["ci"], *rule["ci"])].append(
+            f"{rule['label']} ({rule['success']:.3f})"
+        )
+
+    def listed(names: list[str]) -> str:
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+    return "; ".join(f"{word} {listed(names)}" for word, names in by_word.items() if names)
+
+
+def baselines_from_metrics(metrics: Mapping[str, float], labels: Mapping[str, str], prefix: str = "eval/") -> dict:
+    """The baselines without a model an evaluation stored (`{prefix}constant_success` and
+    `{prefix}rule/NAME`, each with its interval) as {name: {label, success, ci}}, for rules_verdict."""
+    out: dict[str, dict] = {}
+    if f"{prefix}constant_success" in metrics:
+        out["constant"] = {
+            "label": "the best constant answer",
+            "success": metrics[f"{prefix}constant_success"],
+            "ci": [metrics[f"{prefix}constant_ci_low"], metrics[f"{prefix}constant_ci_high"]],
+        }
+    for name, label in labels.items():
+        key = f"{prefix}rule/{name}"
+        if key in metrics:
+            out[name] = {
+                "label": label,
+                "success": metrics[key],
+                "ci": [metrics[f"{key}_ci_low"], metrics[f"{key}_ci_high"]],
+            }
+    return out
+
+
+def hard_split_text(metrics: Mapping[str, float], prefix: str = "eval/") -> str:
+    """The team's success on the hard split with its interval, and the rules' there, in one line."""
+    if f"{prefix}hard/success_rate" not in metrics:
+        return "no hard problems in this evaluation" if metrics.get(f"{prefix}hard/problems") == 0 else "-"
+    low, high = metrics[f"{prefix}hard/success_ci_low"], metrics[f"{prefix}hard/success_ci_high"]
+    rules = ", ".join(
+        f"{key.rsplit('/', 1)[1]} {value:.3f}"
+        for key, value in sorted(metrics.items())
+        if key.startswith(f"{prefix}hard/rule/")
+    )
+    return (
+        f"{metrics[f'{prefix}hard/success_rate']:.3f} [{low:.2f}, {high:.2f}] on "
+        f"{int(metrics[f'{prefix}hard/problems'])} problems (rules there: {rules})"
+    )

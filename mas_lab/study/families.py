@@ -1,0 +1,91 @@
+"""A study's tasks as families: each task's regimes (a task file plus overrides), seeds and folders,
+read from a study file (mas_lab/study/spec.py). The paper's comparison at CPU scale (Table 1's
+shape) is studies/paper.yaml; FAMILIES are its tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tasks/, docs/, results/ (`make reproduce` runs there)
+PAPER_STUDY = ROOT / "studies" / "paper.yaml"
+
+
+@dataclass(frozen=True)
+class Regime:
+    """One row of the comparison: a task file (`{stem}` is the task's stem) and its overrides."""
+
+    name: str
+    task: str
+    set: tuple[str, ...] = ()
+    swap: bool = False  # the swap ablation after training (per-role policies)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One task of a study: its regimes, seeds, where its runs go (`out`, the work folder) and are
+    kept (`archive`), and its section of the report."""
+
+    key: str
+    title: str
+    stem: str
+    out: str
+    setting: str  # the settings in words, for the report
+    archive: str = ""  # where finished runs are kept (default: <out>/archive)
+    regime_list: tuple[Regime, ...] = ()
+    untrained: tuple[tuple[str, str], ...] = ()  # report rows read from a regime's step-0 evaluation
+    common: tuple[str, ...] = ()  # overrides of every run
+    seeds: tuple[int, ...] = (0, 1, 2)
+    study: str = ""  # the study's name
+    study_file: str = ""
+    study_out: str = ""  # the study folder: its MLflow store
+    root: str = str(ROOT)  # where the runs start (relative task files resolve here)
+    results_md: str = ""  # the Markdown file holding the task's section ("": none)
+    images: str = ""  # the folder of the curves
+    command: str = ""  # the command the report names ({key}: this task)
+
+    @property
+    def regimes(self) -> dict[str, tuple[str, list[str]]]:  # name -> (task file, overrides), in order
+        return {r.name: (r.task.replace("{stem}", self.stem), list(r.set)) for r in self.regime_list}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.regime_list)
+
+    @property
+    def swapped(self) -> frozenset[str]:
+        return frozenset(r.name for r in self.regime_list if r.swap)
+
+    @property
+    def begin(self) -> str:
+        return f"<!-- reproduce:{self.key}:begin (written by mas_lab/study) -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- reproduce:{self.key}:end -->"
+
+    @property
+    def image(self) -> str:
+        return f"reproduce_{self.key}.png"
+
+    @property
+    def archive_dir(self) -> Path:
+        return Path(self.archive) if self.archive else Path(self.out) / "archive"
+
+    @property
+    def mlflow_store(self) -> Path:
+        return Path(self.study_out or self.out) / "mlruns.db"
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
+
+
+def paper_families() -> dict[str, Family]:
+    """The tasks of studies/paper.yaml, by key."""
+    from mas_lab.study.spec import load_study
+
+    return {f.key: f for f in load_study(PAPER_STUDY, ROOT)}
+
+
+FAMILIES = paper_families()

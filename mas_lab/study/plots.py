@@ -1,0 +1,102 @@
+"""The comparison's curves: held-out success against steps per regime (each seed faint, the mean
+bold, the constant answer's band) and the training reward of each role."""
+
+from __future__ import annotations
+
+import lzma
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+
+def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
+    """eval success and reward per role against steps, from the run's kept store."""
+    from mas_lab.store import RunStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.db"
+        with lzma.open(result["store"]) as packed, open(path, "wb") as plain:
+            shutil.copyfileobj(packed, plain)
+        store = RunStore(path, create=False)
+        try:
+            rows = store.rows(
+                "SELECT step, key, value FROM metrics WHERE key = 'eval/success_rate' OR "
+                "(key LIKE 'reward/%' AND key NOT LIKE 'reward/%/%') ORDER BY step"
+            )
+        finally:
+            store.close()
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        out.setdefault(row["key"], []).append((row["step"], row["value"]))
+    return out
+
+
+def plot(results: list[dict], image: Path, constant: dict | None = None, names: tuple[str, ...] = ()) -> None:
+    """Left: held-out success against steps, each seed faint, the mean over seeds bold, and the
+    constant answer's pooled success with its 95% interval (grey). Right: the training reward of
+    each role, mean over seeds (solid: the tool agent or the single agent; dashed: the planner)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    order = [*names, *sorted({r["regime"] for r in results} - set(names))]  # a regime keeps its colour
+    colours = dict(zip(order, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
+    by_regime: dict[str, list[dict[str, list[tuple[int, float]]]]] = {}
+    for r in results:
+        by_regime.setdefault(r["regime"], []).append(curves(r))
+    for regime, runs in by_regime.items():
+        colour, seeds = colours[regime], len(runs)
+        for data in runs:
+            if seeds > 1:
+                faint = data.get("eval/success_rate", [(0, 0.0)])
+                left.plot([s for s, _ in faint], [v for _, v in faint], color=colour, alpha=0.25, linewidth=1)
+        steps, values = mean_curve([data.get("eval/success_rate", []) for data in runs])
+        left.plot(
+            steps,
+            values,
+            marker="o",
+            color=colour,
+            linewidth=2,
+            label=f"{regime} ({seeds} seed{'s' if seeds > 1 else ''})",
+        )
+        roles = sorted({key for data in runs for key in data if key.startswith("reward/") and key != "reward/mean"})
+        for key in roles:
+            role = key.split("/", 1)[1]
+            steps, values = mean_curve([data.get(key, []) for data in runs])
+            right.plot(
+                steps,
+                values,
+                color=colour,
+                alpha=0.8,
+                linestyle="--" if role == "planner" else "-",
+                label=f"{regime}: {role}",
+            )
+    if constant:
+        left.axhspan(constant["low"], constant["high"], color="grey", alpha=0.15)
+        left.axhline(constant["pooled"], color="grey", linestyle=":", label="constant answer (no model), 95% interval")
+    left.set_ylim(0, 1)
+    left.set(
+        title="held-out success (greedy, 64 problems): mean over seeds, each seed faint",
+        xlabel="step",
+        ylabel="success rate",
+    )
+    right.set(title="training reward per role, mean over seeds", xlabel="step", ylabel="reward")
+    left.legend(fontsize=7)
+    right.legend(fontsize=6)
+    fig.tight_layout()
+    image.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(image, dpi=110)
+    plt.close(fig)
+
+
+def mean_curve(series: list[list[tuple[int, float]]]) -> tuple[list[int], list[float]]:
+    """Mean over runs at each step, over the runs that have that step."""
+    at: dict[int, list[float]] = {}
+    for points in series:
+        for step, value in points:
+            at.setdefault(step, []).append(value)
+    steps = sorted(at)
+    return steps, [statistics.fmean(at[s]) for s in steps]

@@ -1,0 +1,442 @@
+"""The comparison's report: a table per family (every trained regime pooled over seeds with 95%
+Wilson intervals and per-seed values, the untrained rows, and every baseline without a model on the
+same held-out problems: the constant answer and the reading rules), the orderings that the
+intervals and every seed support, the swap ablation, the curves, and the family's section of
+docs/results.md."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+from pathlib import Path
+
+from mas_lab.reporting import wilson_interval
+from mas_lab.study import families
+from mas_lab.study.families import Family, slug
+from mas_lab.study.plots import plot
+
+
+def cell(rates: list[tuple[int, float, int]]) -> dict:
+    """Pooled success over seeds with its 95% Wilson interval, the mean and spread over seeds, and
+    each seed's success (from (seed, success, episodes) triples)."""
+    successes = sum(rate * n for _, rate, n in rates)
+    n = sum(n for _, _, n in rates)
+    low, high = wilson_interval(successes, n)
+    per_seed = [rate for _, rate, _ in rates]
+    return {
+        "pooled": successes / n if n else 0.0,
+        "low": low,
+        "high": high,
+        "n": n,
+        "per_seed": per_seed,
+        "by_seed": {seed: rate for seed, rate, _ in rates},
+        "mean": statistics.fmean(per_seed) if per_seed else 0.0,
+        "sd": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0,
+    }
+
+
+def table(results: list[dict], family: Family) -> tuple[list[str], dict[str, dict]]:
+    """The Table-1 rows of one family's complete runs (untrained, trained, constant answer, reading
+    rules), in the study's order of regimes."""
+    root = Path(family.root)
+    by_regime: dict[str, list[dict]] = {}
+    for r in results:
+        by_regime.setdefault(r["regime"], []).append(r)
+    rows: dict[str, dict] = {}
+    for name, source in family.untrained:
+        runs = by_regime.get(source, [])
+        if runs:
+            rows[name] = {
+                **cell([(r["seed"], r["summary"]["eval_before"], eval_n(r, root)) for r in runs]),
+                "runs": runs,
+                "trained": False,
+            }
+    for name in family.names:
+        runs = by_regime.get(name, [])
+        if runs:
+            rows[name] = {
+                **cell([(r["seed"], r["summary"]["eval_after"], eval_n(r, root)) for r in runs]),
+                "runs": runs,
+                "trained": True,
+            }
+    seeds = sorted({r["seed"] for r in results})
+    best = [constant_baseline(results[0]["task"], seed, root) for seed in seeds]
+    # no model: the best fixed answer on each seed's held-out problems (mas_lab/baselines.py), for
+    # a task that has one
+    known = [b for b in best if b is not None]
+    if seeds and len(known) == len(best):
+        rows["constant answer (no model)"] = {
+            **cell([(seed, b.success, b.problems) for seed, b in zip(seeds, known)]),
+            "runs": [],
+            "seeds": seeds,
+            "trained": False,
+            "note": "; ".join(sorted({repr(b.answer) for b in known})),
+        }
+    if seeds:
+        rows.update(rule_baselines(results[0]["task"], seeds, root))
+    lines = [
+        "| regime | seeds | held-out success, pooled [95% interval] | mean over seeds ± sd | per seed | CPU time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        runs = row["runs"]
+        cpu = (
+            f"{sum(r['cpu_s'] for r in runs) / 3600:.2f} h ({statistics.fmean(r['cpu_s'] for r in runs) / 3600:.2f} h a run)"
+            if row["trained"]
+            else row.get("note", "(in the trained runs)")
+        )
+        lines.append(
+            f"| {name} | {', '.join(str(s) for s in row.get('seeds', [r['seed'] for r in runs]))} | {row['pooled']:.3f} "
+            f"[{row['low']:.3f}, {row['high']:.3f}] (n={row['n']}) | {row['mean']:.3f} ± {row['sd']:.3f} | "
+            f"{' / '.join(f'{x:.3f}' for x in row['per_seed'])} | {cpu} |"
+        )
+    return lines, rows
+
+
+def constant_baseline(task_file: str, seed: int, root: Path = families.ROOT):
+    from mas_lab.baselines import task_baseline
+    from mas_lab.config import load_task
+    from mas_lab.envs import ENVS, ProblemPool
+
+    task = load_task(root / task_file)
+    return task_baseline(
+        task, ProblemPool(ENVS[task.env.name], task.env.params, seed, task.train.eval_problems).eval_set
+    )
+
+
+RULE_ROWS = {
+    "rows_first": "reading rule, rows first (no model)",
+    "either_order": "reading rule, either order (no model)",
+    "one_step": "one move toward the goal a turn (no model)",
+}
+
+
+def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT) -> dict[str, dict]:
+    """The move games' reading rules on each seed's held-out problems (mas_lab/baselines.py), as
+    table rows; the note gives the BFS optimum's mean move count and how many problems need a
+    detour (the hard split). Empty for a task without rules."""
+    from mas_lab.baselines import rule_results
+    from mas_lab.config import load_task
+    from mas_lab.envs import ENVS, ProblemPool
+
+    task = load_task(root / task_file)
+    env_cls = ENVS[task.env.name]
+    found = []
+    for seed in seeds:
+        pool = ProblemPool(env_cls, task.env.params, seed, task.train.eval_problems)
+        found.append(rule_results(env_cls, pool.params, pool.eval_set, task.env.max_turns))
+    known = [r for r in found if r is not None]
+    if len(known) != len(found):
+        return {}
+    moves = statistics.fmean(m for r in known for m in r.moves["optimum"])
+    hard = sum(sum(r.hard) for r in known)
+    rows = {}
+    for name, label in RULE_ROWS.items():
+        rows[label] = {
+            **cell(
+                [
+                    (seed, sum(r.solved[name]) / len(r.solved[name]), len(r.solved[name]))
+                    for seed, r in zip(seeds, known)
+                ]
+            ),
+            "runs": [],
+            "seeds": seeds,
+            "trained": False,
+            "note": f"BFS optimum: {moves:.2f} moves; {hard} problems need a detour" if name == "either_order" else "",
+        }
+    return rows
+
+
+def hard_table(results: list[dict], family: Family) -> list[str]:
+    """The hard split (held-out problems the either-order reading rule does not solve: a detour is
+    needed), where the runs evaluated one: each trained regime's final success there, pooled over
+    seeds, beside the rules on the same problems. Empty when no run has one."""
+    from mas_lab.baselines import is_hard, rule_results
+    from mas_lab.config import load_task
+    from mas_lab.envs import ENVS, ProblemPool
+
+    with_hard = [r for r in results if (r["summary"].get("hard_after") or {}).get("problems")]
+    if not with_hard:
+        return []
+    rows: dict[str, dict] = {}
+    for name in family.names:
+        runs = [r for r in with_hard if r["regime"] == name]
+        if runs:
+            hard = [r["summary"]["hard_after"] for r in runs]
+            rows[name] = cell([(r["seed"], h["success"], h["problems"]) for r, h in zip(runs, hard)])
+    seeds = sorted({r["seed"] for r in with_hard})
+    task = load_task(Path(family.root) / with_hard[0]["task"])
+    env_cls = ENVS[task.env.name]
+    params = env_cls.Params.coerce(task.env.params)
+    found = {}
+    for seed in seeds:  # the same extra hard problems the runs evaluated (train.hard_eval_problems)
+        pool = ProblemPool(
+            env_cls,
+            params,
+            seed,
+            task.train.eval_problems,
+            hard_size=task.train.hard_eval_problems,
+            hard=functools.partial(is_hard, env_cls, params, max_turns=task.env.max_turns),
+        )
+        found[seed] = rule_results(env_cls, params, pool.hard_set, task.env.max_turns)
+    for name, label in RULE_ROWS.items():
+        rows[label] = cell(
+            [
+                (seed, sum(r.solved[name]) / len(r.solved[name]), len(r.solved[name]))
+                for seed, r in found.items()
+                if r is not None and r.solved[name]
+            ]
+        )
+    lines = ["| on the hard split | held-out success, pooled [95% interval] | per seed |", "|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(
+            f"| {name} | {row['pooled']:.3f} [{row['low']:.3f}, {row['high']:.3f}] (n={row['n']}) | "
+            f"{' / '.join(f'{x:.3f}' for x in row['per_seed'])} |"
+        )
+    return lines
+
+
+def budget(family: Family) -> str:
+    """The family's training budget in words, from its first regime's task file (a study's regimes
+    share one budget)."""
+    from mas_lab.config import load_task
+
+    task = load_task(Path(family.root) / next(iter(family.regimes.values()))[0])
+    hard = f" + {task.train.hard_eval_problems} hard" if task.train.hard_eval_problems else ""
+    return (
+        f"{task.train.steps} steps x {task.train.problems_per_step} problems x K = {task.algorithm.k} after "
+        f"{task.train.warmup_steps} warm-up steps, {task.train.eval_problems}{hard} held-out problems"
+    )
+
+
+def eval_n(result: dict, root: Path = families.ROOT) -> int:
+    from mas_lab.config import load_task
+
+    return load_task(root / result["task"]).train.eval_problems
+
+
+def baseline_rows(rows: dict[str, dict]) -> list[str]:
+    """The table's rows that use no model (the constant answer, the reading rules)."""
+    return [name for name in rows if name.endswith("(no model)")]
+
+
+def baseline_verdicts(rows: dict[str, dict]) -> dict[str, str]:
+    """Each model row against every baseline row, in words ("above the constant answer; level with
+    ...; below ..."), from the pooled intervals."""
+    from mas_lab.reporting import rules_verdict
+
+    baselines = {
+        name: {
+            "label": name.removesuffix(" (no model)"),
+            "success": rows[name]["pooled"],
+            "ci": [rows[name]["low"], rows[name]["high"]],
+        }
+        for name in baseline_rows(rows)
+    }
+    return {
+        name: rules_verdict({"success": row["pooled"], "ci": [row["low"], row["high"]]}, baselines)
+        for name, row in rows.items()
+        if name not in baselines
+    }
+
+
+def orderings(rows: dict[str, dict]) -> list[str]:
+    """The pairs whose pooled intervals do not overlap and whose order holds on every seed both rows
+    have: pooling counts the seeds' episodes as one sample, which understates the spread between
+    seeds, so a pair that one seed contradicts is named as not claimed."""
+    claimed, contradicted = [], []
+    for a in rows:
+        for b in rows:
+            if a == b or rows[a]["low"] <= rows[b]["high"]:
+                continue
+            shared = sorted(rows[a]["by_seed"].keys() & rows[b]["by_seed"].keys())
+            against = "; ".join(
+                f"seed {s} gives {rows[a]['by_seed'][s]:.3f} against {rows[b]['by_seed'][s]:.3f}"
+                for s in shared
+                if rows[a]["by_seed"][s] <= rows[b]["by_seed"][s]
+            )
+            if against:
+                contradicted.append(f"not claimed: {a} above {b} (the pooled intervals are apart, but {against})")
+            else:
+                claimed.append(f"{a} above {b}")
+    return (claimed + contradicted) or ["no pair of regimes has non-overlapping intervals: no ordering is claimed"]
+
+
+def progress(folder: Path) -> str:
+    """ " (reached step N here ...)" for a run with a checkpoint in the work folder, else "": `make
+    reproduce` continues it on this machine; a new machine, without the ignored work folder, starts
+    it again."""
+    from mas_lab import checkpoint
+
+    last = [found[-1] for p in (folder / "runs").glob("*/run.db") if (found := checkpoint.complete(p.parent))]
+    return (
+        (
+            f" (reached step {int(last[-1].name.split('-')[1])} on the machine that wrote this; continued from its "
+            "checkpoint only there)"
+        )
+        if last
+        else ""
+    )
+
+
+def run_dtype(result: dict) -> str:
+    """The dtype a kept run computed in: what its actors reported (`summary.precision`), or, for a
+    run made before they reported it, its task's dtype (those ran on a CPU with avx512_bf16)."""
+    reported = set((result["summary"].get("precision") or {}).values())
+    if reported:
+        return "+".join(sorted(reported))
+    import yaml
+
+    kept = Path(result["store"]).parent / "task.yaml"
+    task = yaml.safe_load(kept.read_text()) if kept.is_file() else {}
+    return "+".join(sorted({p.get("dtype", "float32") for p in task.get("policies", {}).values()})) or "float32"
+
+
+def precision_line(results: list[dict]) -> str:
+    """Which runs computed in which dtype: `dtype: auto` is bf16 only on a CPU that has it, so runs
+    made on different machines may differ in precision (mas_lab/precision.py)."""
+    by_dtype: dict[str, list[str]] = {}
+    for r in results:
+        by_dtype.setdefault(run_dtype(r), []).append(f"{r['regime']} seed {r['seed']}")
+    if len(by_dtype) == 1:
+        return f"Every run computed in {next(iter(by_dtype))}."
+    return (
+        "Precision differs between runs (`dtype: auto` is bfloat16 only on a CPU with native bf16; the "
+        "machines changed between sessions): "
+        + "; ".join(f"{d}: {', '.join(names)}" for d, names in sorted(by_dtype.items()))
+        + "."
+    )
+
+
+def swap_lines(results: list[dict]) -> list[str]:
+    """The swap ablation of the per-role runs, one line per regime and seed."""
+    lines = []
+    for r in results:
+        if s := r.get("swap"):
+            lines.append(
+                f"- {r['regime']}, seed {r['seed']}: trained {r['summary']['eval_after']:.3f} -> swapped "
+                f"{s['success_rate']:.3f} [{s['success_ci_low']:.3f}, {s['success_ci_high']:.3f}]"
+            )
+    return lines
+
+
+def report(family: Family, results: list[dict], out: Path) -> None:
+    """Write the family's results.json and, where the study names them, its curves and its section
+    of the Markdown report; a section whose runs are not kept any more says so."""
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if not family.results_md:
+        if results and family.images:
+            lines, rows = table(results, family)
+            plot(results, Path(family.images) / family.image, rows.get("constant answer (no model)"), family.names)
+        return
+    command = (family.command or f"mas-lab study {family.study_file} --task {{key}}").replace("{key}", family.key)
+    if not results:
+        if Path(family.results_md).is_file() and family.begin in Path(family.results_md).read_text():
+            write_section(
+                family,
+                [
+                    family.begin,
+                    "",
+                    f"## The paper's comparison at CPU scale: {family.title}",
+                    "",
+                    f"No run of this family is kept in `{_shown(family, family.archive_dir)}/` yet: `{command}` makes them.",
+                    "",
+                    family.end,
+                ],
+            )
+        return
+    image = Path(family.images) / family.image
+    lines, rows = table(results, family)
+    plot(results, image, rows.get("constant answer (no model)"), family.names)
+    swaps = swap_lines(results)
+    cpu_h = sum(r["cpu_s"] for r in results) / 3600
+    wall_h = sum(r["wall_s"] for r in results) / 3600
+    done = {(r["regime"], r["seed"]) for r in results}
+    missing = [
+        f"{name} seed {seed}{progress(out / slug(name) / f'seed-{seed}')}"
+        for seed in sorted({r["seed"] for r in results} | set(family.seeds))
+        for name in family.names
+        if (name, seed) not in done
+    ]
+    text = [
+        family.begin,
+        "",
+        f"## The paper's comparison at CPU scale: {family.title}",
+        "",
+        f"Command: `{command}` (`mas-lab study {family.study_file} --task {family.key}`: the study file names "
+        "every regime's task file and overrides; one run at a time with a torch thread per core; some kept runs "
+        "went two at a time with one thread each, `--jobs 2`, so CPU and wall times are a budget, not a speed "
+        "comparison; each run's command, with its thread setting, is kept in its summary.json). "
+        f"Every regime on the settings of `tasks/{family.stem}.yaml` ({family.setting}) with the same budget: "
+        f"{budget(family)}, "
+        "greedy evaluation on the same held-out problems (per seed) every 10 steps; runs in `--no-ray` "
+        "(one process). The before-RL rows are the step-0 evaluations of the trained runs (the base model after "
+        "the task's format warm-up, `train.warmup_steps`, if any). The constant-answer "
+        "row replies the same best fixed answer (of 1 to 4 moves) to every problem of each seed's held-out set, "
+        "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. The reading-rule "
+        "rows answer from the observation with a few lines of code and no model (the straight way to the goal, rows "
+        "first; the same with columns first when rows first is blocked; one legal move toward the goal a turn): a "
+        "regime level with them has learned to read, and only one above them plans. Intervals are 95% "
+        "Wilson intervals of the success pooled over seeds. Each finished run's summary and store are kept in "
+        f"`{_shown(family, family.archive_dir)}/<regime>/seed-<n>/` with the resolved task.yaml: after "
+        "`xz -dk run.db.xz` the folder is a run for `mas-lab replay` and `mas-lab tui`.",
+        "",
+        *lines,
+        "",
+        *([*hard, ""] if (hard := hard_table(results, family)) else []),
+        f"Runs complete: {len(results)}; total CPU time {cpu_h:.2f} h, wall time {wall_h:.2f} h on 2 cores"
+        + (
+            f" ({resumed} of them continued from a checkpoint after an interruption, times added up)"
+            if (resumed := sum(r.get("attempts", 1) > 1 for r in results))
+            else ""
+        )
+        + "."
+        + (f" Not yet run: {', '.join(missing)}." if missing else "")
+        + " "
+        + precision_line(results),
+        "",
+        "Against the baselines without a model (pooled 95% intervals): "
+        + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(rows).items()),
+        "",
+        "Orderings between the regimes that the intervals support (pooled intervals apart, and the same order on "
+        "every seed both regimes ran): "
+        + "; ".join(orderings({name: row for name, row in rows.items() if name not in baseline_rows(rows)}))
+        + ".",
+        "",
+    ]
+    if swaps:
+        text += [
+            "Swap ablation (per-role runs, final checkpoint, role -> policy map swapped, `mas-lab eval "
+            "--swap-policies`):",
+            "",
+            *swaps,
+            "",
+        ]
+    link = os.path.relpath(image, Path(family.results_md).parent)
+    text += [f"![learning curves]({link})", ""]
+    text.append(family.end)
+    write_section(family, text)
+
+
+def _shown(family: Family, path: Path) -> str:
+    """A path as the report names it: relative to where the study runs when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(family.root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def write_section(family: Family, text: list[str]) -> None:
+    """Replace the family's generated section of its Markdown report (or append it)."""
+    results_md = Path(family.results_md)
+    current = results_md.read_text() if results_md.is_file() else "# Results\n"
+    block = "\n".join(text)
+    if family.begin in current:
+        head, rest = current.split(family.begin, 1)
+        current = head + block + rest.split(family.end, 1)[1]
+    else:
+        current = current.rstrip("\n") + "\n\n" + block + "\n"
+    results_md.parent.mkdir(parents=True, exist_ok=True)
+    results_md.write_text(current)

@@ -1,0 +1,189 @@
+"""Study files: tasks x regimes x seeds at one budget, and where the runs and the report go.
+
+    name: paper-comparison
+    out: sweeps                       # the study folder: its MLflow store (parent run + nested runs)
+    seeds: [0, 1, 2]
+    set: [train.eval_every=10]        # overrides for every run
+    regimes:                          # in the report's order; {stem} is each task's stem
+      - {name: single agent + GRPO, task: "tasks/{stem}_single_agent.yaml"}
+      - {name: MAS + trajectory GRPO, task: "tasks/{stem}.yaml", set: [algorithm.mode=mas_grpo]}
+      - {name: MAS + AT-GRPO per-role LoRA, task: "tasks/{stem}_per_role_lora.yaml", swap: true}
+    untrained: {single agent (before RL): single agent + GRPO}
+    tasks:
+      - {key: plan_path, stem: plan_path_learns, title: ..., setting: ..., out: ..., archive: ...}
+    report: {results_md: docs/results.md, images: docs/images}
+
+Paths are relative to the folder `mas-lab study` runs in. A wrong file raises StudyFileError naming
+the file, the field and what is allowed, before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mas_lab.study.families import Family, Regime
+
+KEY = r"^[a-z0-9][a-z0-9_-]*$"
+
+
+class StudyFileError(ValueError):
+    """A study file that cannot run; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegimeSpec(_Strict):
+    name: str = Field(min_length=1, max_length=80, description="the regime's row in the report")
+    task: str = Field(min_length=1, description="its task file; {stem} is replaced by each task's stem")
+    set: list[str] = Field([], description="overrides of this regime (key.path=value)")
+    swap: bool = Field(False, description="after training, the swap ablation (per-role policies only)")
+
+
+class TaskSpec(_Strict):
+    key: str = Field(pattern=KEY, description="the task's name in the study (lower case, digits, _ and -)")
+    stem: str = Field(pattern=KEY, description="what {stem} becomes in the regimes' task files")
+    title: str = Field("", description="the report's heading")
+    setting: str = Field("", description="the settings in words, for the report")
+    out: str = Field("", description="the work folder of its runs (default: <study out>/<key>)")
+    archive: str = Field("", description="where finished runs are kept (default: <work folder>/archive)")
+
+
+class ReportSpec(_Strict):
+    results_md: str | None = Field(None, description="a Markdown file to write each task's section into")
+    images: str | None = Field(None, description="the folder of the curves (default: <study out>/images)")
+    command: str = Field("", description="the command the report names (default: mas-lab study FILE)")
+
+
+class StudySpec(_Strict):
+    name: str = Field(pattern=KEY, description="the study's name (its MLflow parent run)")
+    description: str = ""
+    out: str = Field("", description="the study folder (default: studies/<name> under the working folder)")
+    seeds: list[int] = Field([0, 1, 2], min_length=1)
+    set: list[str] = Field([], description="overrides of every run")
+    regimes: list[RegimeSpec] = Field(min_length=1)
+    untrained: dict[str, str] = Field(
+        {}, description="report rows read from a regime's step-0 evaluation: row name -> regime name"
+    )
+    tasks: list[TaskSpec] = Field(min_length=1)
+    report: ReportSpec = ReportSpec()
+
+    @field_validator("set")
+    @classmethod
+    def _overrides(cls, items: list[str]) -> list[str]:
+        return _check_overrides(items)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudySpec:
+        names = [r.name for r in self.regimes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"regimes: names repeat ({sorted({n for n in names if names.count(n) > 1})})")
+        keys = [t.key for t in self.tasks]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"tasks: keys repeat ({sorted({k for k in keys if keys.count(k) > 1})})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: a seed repeats")
+        for row, source in self.untrained.items():
+            if source not in names:
+                raise ValueError(f"untrained.{row}: '{source}' is not a regime; allowed: {names}")
+        for regime in self.regimes:
+            _check_overrides(regime.set)
+        return self
+
+
+def _check_overrides(items: list[str]) -> list[str]:
+    for item in items:
+        if not re.match(r"^[A-Za-z_][\w.]*=", item):
+            raise ValueError(f"'{item}': expected key.path=value")
+    return items
+
+
+def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
+    """The study's tasks as families (each with its regimes, seeds and folders), every task file
+    checked to exist and to load with its overrides; or StudyFileError."""
+    from mas_lab.config import TaskFileError, load_task
+
+    path = Path(path)
+    root = (root or Path.cwd()).resolve()
+    if not path.is_file():
+        raise StudyFileError(f"{path}: no such study file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise StudyFileError(f"{path}: not valid YAML: {str(exc)[:300]}") from None
+    if not isinstance(data, dict):
+        raise StudyFileError(f"{path}: expected a mapping (name, regimes, tasks, ...)")
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as exc:
+        raise StudyFileError(f"{path}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+    out = _path(root, spec.out or f"studies/{spec.name}")
+    families = []
+    for t_index, task in enumerate(spec.tasks):
+        regimes = []
+        for r_index, regime in enumerate(spec.regimes):
+            task_file = regime.task.replace("{stem}", task.stem)
+            where = f"tasks[{t_index}] ({task.key}) x regimes[{r_index}] ({regime.name})"
+            try:
+                load_task(root / task_file, [*spec.set, *regime.set])
+            except TaskFileError as exc:
+                raise StudyFileError(f"{path}: {where}: {exc}") from None
+            regimes.append(Regime(regime.name, _relative(root, regime.task), tuple(regime.set), regime.swap))
+        work = _path(root, task.out) if task.out else out / task.key
+        families.append(
+            Family(
+                key=task.key,
+                title=task.title or task.key,
+                stem=task.stem,
+                out=str(work),
+                setting=task.setting,
+                archive=str(_path(root, task.archive)) if task.archive else "",
+                regime_list=tuple(regimes),
+                untrained=tuple(spec.untrained.items()),
+                common=tuple(spec.set),
+                seeds=tuple(spec.seeds),
+                study=spec.name,
+                study_file=_relative(root, str(path.resolve())),
+                study_out=str(out),
+                root=str(root),
+                results_md=str(_path(root, spec.report.results_md)) if spec.report.results_md else "",
+                images=str(_path(root, spec.report.images)) if spec.report.images else str(out / "images"),
+                command=spec.report.command,
+            )
+        )
+    return families
+
+
+def _path(root: Path, value: str) -> Path:
+    return (root / value).resolve()
+
+
+def _relative(root: Path, value: str) -> str:
+    """A path inside the root as written relative to it (kept summaries stay portable), else absolute."""
+    full = (root / value).resolve()
+    try:
+        return str(full.relative_to(root))
+    except ValueError:
+        return str(full)
+
+
+def _describe(error: Any) -> str:
+    where = ".".join(str(p) for p in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        sections: dict[tuple[str, ...], type[BaseModel]] = {
+            (): StudySpec,
+            ("regimes",): RegimeSpec,
+            ("tasks",): TaskSpec,
+            ("report",): ReportSpec,
+        }
+        fields = sections.get(tuple(p for p in error["loc"][:-1] if isinstance(p, str)))
+        if fields is not None:
+            message += f"; allowed: {sorted(fields.model_fields)}"
+    return f"{where}: {message}" if where else message  # a check of the whole file names its field itself

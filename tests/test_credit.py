@@ -1,0 +1,192 @@
+"""Credit assignment side by side (algorithm.advantage): the invariants each method promises, a
+hand-computed example of each, and the advantages a real toy run stored recomputed from its store."""
+
+import statistics
+
+import pytest
+
+from mas_lab.algo import Candidate
+from mas_lab.algo.advantage import grpo_advantages, rloo_advantages
+from mas_lab.algo.credit import assign_advantages, build_agent_groups, build_step_groups
+
+
+def cand(problem="p", role="a", turn=0, index=0, reward=0.0, prompt=(1, 2)):
+    return Candidate(
+        problem_id=problem,
+        role=role,
+        turn=turn,
+        index=index,
+        policy="shared",
+        prompt_ids=list(prompt),
+        response_ids=[5],
+        response="x",
+        reward=reward,
+        team=reward,
+        local=0.0,
+    )
+
+
+def test_rloo_by_hand_sums_to_zero_and_is_zero_for_equal_rewards():
+    assert rloo_advantages([1.0, 0.0, 0.0, 0.0]) == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+    assert sum(rloo_advantages([0.3, 0.9, 0.1, 0.7])) == pytest.approx(0.0, abs=1e-12)
+    assert rloo_advantages([0.5] * 4) == [0.0] * 4
+    rewards = [0.2, 0.6, 0.4]  # K / (K - 1) times the centred reward
+    assert rloo_advantages(rewards) == pytest.approx([1.5 * (r - 0.4) for r in rewards])
+
+
+def test_at_grpo_and_rloo_share_groups_and_signs():
+    tree = [("p", [cand(index=i, reward=r) for i, r in enumerate([1.0, 0.0, 0.5, 0.5])])]
+    grpo = [c.advantage for g in assign_advantages(tree, 4, 1e-6, True, "at_grpo") for c in g.members]
+    rloo = [c.advantage for g in assign_advantages(tree, 4, 1e-6, True, "rloo") for c in g.members]
+    assert [a > 0 for a in grpo] == [a > 0 for a in rloo] and sum(rloo) == pytest.approx(0.0)
+
+
+def test_dr_mas_normalises_per_agent_over_its_turns():
+    """Two agents whose rewards live on different scales: each is normalised by its own (problem,
+    agent) statistics, not by the other's (a shared baseline would leave the small-scale agent's
+    advantages nearly flat)."""
+    big = [cand(role="tool", turn=t, index=i, reward=10.0 * (i + t)) for t in (0, 1) for i in range(2)]
+    small = [cand(role="planner", turn=t, index=i, reward=0.01 * (i + t)) for t in (0, 1) for i in range(2)]
+    groups = assign_advantages([("p", big + small)], 2, 1e-9, True, "dr_mas")
+    assert sorted((g.key.role, g.key.turn, len(g.members)) for g in groups) == [("planner", -1, 4), ("tool", -1, 4)]
+    for role in ("tool", "planner"):
+        advantages = [c.advantage for c in big + small if c.role == role]
+        assert advantages == pytest.approx(grpo_advantages([0.0, 1.0, 1.0, 2.0], 1e-9), rel=1e-6)
+        assert sum(advantages) == pytest.approx(0.0, abs=1e-9)
+    alone = cand(role="lonely", reward=3.0)
+    assert build_agent_groups([alone]) == [] and alone.advantage == 0.0
+
+
+def test_gigpo_adds_a_step_advantage_among_samples_that_met_the_same_observation():
+    """Three trajectories of one problem: the first agent's observation is the same in all three
+    (an anchor state); its step rewards 1, 0, 0 add their own normalised advantage to the episode's."""
+    trajectories = []
+    for j, (first, second) in enumerate([(1.0, 1.0), (0.0, 0.0), (0.0, 1.0)]):
+        trajectories.append(
+            (
+                "p",
+                [
+                    cand(role="a", index=0, reward=first, prompt=(1, 2)),
+                    cand(role="b", index=0, reward=second, prompt=(3, j)),
+                ],
+            )
+        )
+    episode = grpo_advantages([statistics.fmean([a.reward, b.reward]) for _, (a, b) in trajectories])
+    step = grpo_advantages([1.0, 0.0, 0.0])
+    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", step_weight=0.5)
+    for j, (_, (a, b)) in enumerate(trajectories):
+        assert a.advantage == pytest.approx(episode[j] + 0.5 * step[j])
+        assert b.advantage == pytest.approx(episode[j])  # its observations all differ: no step group
+    assert [len(g) for g in build_step_groups([c for _, unit in trajectories for c in unit])] == [3]
+    with pytest.raises(ValueError, match="independent trajectories"):
+        assign_advantages(trajectories, 3, 1e-6, True, "gigpo")
+
+
+@pytest.mark.parametrize("method", ["at_grpo", "rloo", "dr_mas"])
+def test_equal_rewards_give_zero_advantages(method):
+    tree = [("p", [cand(index=i, reward=0.7) for i in range(4)])]
+    groups = assign_advantages(tree, 4, 1e-6, True, method)
+    assert all(c.advantage == 0.0 for g in groups for c in g.members)
+
+
+@pytest.mark.parametrize("method", ["rloo", "dr_mas"])
+def test_a_run_stores_the_advantages_its_method_gives(tmp_path, method):
+    """Recomputed from the store: a real toy step's stored rewards, regrouped and run through the
+    method again, give the stored advantages (and, for dr_mas, its stored groups)."""
+    from conftest import ROOT
+
+    from mas_lab.backend import Backend
+    from mas_lab.config import load_task
+    from mas_lab.store import RunStore
+    from mas_lab.trainer import Trainer
+
+    task = load_task(ROOT / "tasks" / "toy.yaml", [f"algorithm.advantage={method}", "train.steps=1"])
+    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
+    trainer.train_step(1)
+    store = trainer.store
+    rows = store.rows(
+        "SELECT e.problem_id, t.role, t.turn, c.idx, c.reward, c.advantage FROM candidates c JOIN turns t ON"
+        " c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' ORDER BY c.id"
+    )
+    rebuilt = [cand(r["problem_id"], r["role"], r["turn"], r["idx"], r["reward"]) for r in rows]
+    by_turn: dict = {}
+    for c in rebuilt:
+        by_turn.setdefault((c.problem_id, c.role, c.turn), []).append(c)
+    assign_advantages(
+        [("x", [c for group in by_turn.values() for c in group])],
+        task.algorithm.k,
+        task.algorithm.std_eps,
+        True,
+        method,
+    )
+    assert [c.advantage for c in rebuilt] == pytest.approx([r["advantage"] for r in rows], abs=1e-5)
+    if method == "dr_mas":
+        assert {(g.role, g.turn) for g in store.groups(1)} == {("first", -1), ("second", -1)}
+
+
+def test_a_roles_own_k_sizes_its_groups_and_needs_tree_sampling(tmp_path):
+    """roles[].k: the toy's first role samples 2 candidates per group, the second
+    algorithm.k = 4; build_groups checks each group against its role's K; trajectory modes refuse it."""
+    from conftest import ROOT
+    from fakes import FakeEngine
+
+    from mas_lab.config import TaskFileError, load_task
+    from mas_lab.envs import ProblemPool, ToyEnv
+    from mas_lab.episodes import Episode, tree_rollout
+    from mas_lab.trainer import compute_advantages
+
+    task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=4", "roles.0.k=2"])
+    pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
+    episodes = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(3)]
+    engine = FakeEngine()
+    tree_rollout(task, episodes, engine, task.algorithm.k, seed=0)
+    assert [call["n"] for call in engine.calls] == [2, 4, 2, 4]  # (turn, agent) in order
+    groups = compute_advantages(episodes, 4, 1e-6, role_k={"first": 2})
+    sizes = {(g.key.role, len(g.members)) for g in groups}
+    assert sizes == {("first", 2), ("second", 4)}
+    from mas_lab.algo import GroupError
+
+    with pytest.raises(GroupError, match="expected exactly K=4"):
+        compute_advantages(episodes, 4, 1e-6)  # without the override the first role's groups are short
+    greedy = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(2)]
+    engine = FakeEngine()
+    tree_rollout(task, greedy, engine, 1, seed=0, greedy=True)  # evaluation: one candidate, whatever k
+    assert {call["n"] for call in engine.calls} == {1}
+    with pytest.raises(TaskFileError, match="field 'roles.0.k': a role's own K needs tree sampling"):
+        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo", "roles.0.k=2"])
+
+
+def test_role_grad_norms_measure_each_roles_samples_alone():
+    """algorithm.role_grad_norms: per role, the gradient norm of its own samples' loss; a role whose
+    advantages are all zero has norm 0; the update itself is the same as without the diagnostic."""
+    import torch
+
+    from mas_lab.config import Algorithm
+    from mas_lab.learner.learner import Learner
+    from mas_lab.learner.samples import Sample
+    from mas_lab.models import resolve
+
+    folder = resolve("tiny-test")
+    samples = [Sample([1, 2, 3], [4, 5], 1.0 if i % 2 else -1.0, role="planner") for i in range(4)] + [
+        Sample([1, 2, 6], [7, 8, 9], 0.0, role="tool") for _ in range(3)
+    ]
+    torch.manual_seed(0)
+    plain = Learner(folder, Algorithm(lr=1e-2), threads=1)
+    torch.manual_seed(0)
+    measured = Learner(folder, Algorithm(lr=1e-2, role_grad_norms=True), threads=1)
+    out = measured.update({"shared": samples})["shared"]
+    base = plain.update({"shared": samples})["shared"]
+    norms = {k.split("/")[1]: v for k, v in out.items() if k.startswith("grad_norm_role/")}
+    assert set(norms) == {"planner", "tool"} and norms["tool"] == 0.0 and norms["planner"] > 0
+    assert out["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5) and out["loss"] == pytest.approx(base["loss"])
+    # by hand: the planner's samples alone, the same loss, one backward
+    again = Learner(folder, Algorithm(lr=1e-2), threads=1)
+    from mas_lab.algo.loss import clipped_policy_loss
+
+    params = again.params["shared"]
+    batch = again._batch([s for s in samples if s.role == "planner"])
+    logp = again._logp(batch)
+    loss, _ = clipped_policy_loss(logp, logp.detach(), batch.advantages, batch.mask, normalizer=float(batch.mask.sum()))
+    loss.backward()
+    assert norms["planner"] == pytest.approx(float(torch.nn.utils.clip_grad_norm_(params, float("inf"))), rel=1e-4)
+    assert not any(k.startswith("grad_norm_role/") for k in plain.update({"shared": samples[:4]})["shared"])

@@ -1,0 +1,110 @@
+"""The sandbox never silently weakens: a failed bubblewrap probe is retried, and without it
+programs are refused (status sandbox_error, the run stops) unless the task allows the fallback;
+bubblewrap's own failures are sandbox_error, never the program's error; slots (uids) are unique on
+the machine; bubblewrap's orphaned namespace inits are reaped where mas-lab is their parent."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mas_lab import sandbox
+from mas_lab.sandbox import Limits, run_python
+
+needs_bwrap = pytest.mark.skipif(sandbox._bwrap_binary() is None, reason="no bwrap binary")
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A sandbox module that has found nothing yet, restored afterwards."""
+    monkeypatch.setattr(sandbox, "_found", None)
+    monkeypatch.setattr(sandbox, "_failed", None)
+    monkeypatch.setattr(sandbox, "_allow_fallback", False)
+    monkeypatch.setattr(sandbox, "_refusals", [])
+    monkeypatch.setattr(sandbox.time, "sleep", lambda s: None)
+    yield monkeypatch
+
+
+def test_without_bubblewrap_programs_are_refused_unless_the_fallback_is_allowed(fresh):
+    fresh.setattr(sandbox, "_bwrap_binary", lambda: "/bin/false")  # a bwrap that never works
+    refused = run_python("print('hi')")
+    assert refused.status == "sandbox_error" and "resources.sandbox_fallback" in refused.stderr
+    assert "failed its probe" in sandbox.take_refusal() and sandbox.take_refusal() is None
+    assert run_python("print('hi')").status == "sandbox_error"  # no silent fallback later either
+    sandbox.configure(allow_fallback=True)
+    allowed = run_python("print('hi')")
+    assert allowed.ok and sandbox.capabilities().kind == "fallback"
+    sandbox.configure(allow_fallback=False)
+    assert sandbox._found is None  # the fallback is not kept once it is not allowed
+
+
+@needs_bwrap
+def test_a_probe_that_fails_once_is_retried(fresh):
+    real, calls = sandbox._run, []
+
+    def flaky(code, limits, isolation, stdin=""):
+        calls.append(isolation.kind)
+        if len(calls) == 1:  # a neighbour's fork bomb, say
+            return sandbox.SandboxResult("sandbox_error", "", "bwrap: clone: Resource temporarily unavailable", 0.0)
+        return real(code, limits, isolation, stdin)
+
+    fresh.setattr(sandbox, "_run", flaky)
+    assert sandbox.capabilities().kind == "bubblewrap" and calls == ["bubblewrap", "bubblewrap"]
+
+
+@needs_bwrap
+def test_bubblewraps_own_failure_is_a_sandbox_error_not_the_programs(fresh):
+    command = sandbox._bwrap_command
+    fresh.setattr(sandbox, "_bwrap_command", lambda *a: [command(*a)[0], "--no-such-option", *command(*a)[1:]])
+    isolation = sandbox.Isolation(
+        "bubblewrap", True, "nobody" if os.geteuid() == 0 else None, sandbox.SYSTEM_PYTHON, sandbox._bwrap_binary()
+    )
+    result = sandbox._run("print('hi')", Limits(), isolation)
+    assert result.status == "sandbox_error" and result.stderr.startswith("bwrap: ")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slots (uids) are used only as root")
+def test_slots_are_unique_across_processes():
+    slot, fd = sandbox._claim_slot(5)
+    try:
+        other = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from mas_lab import sandbox\nslots = [sandbox._claim_slot(5)[0] for _ in range(3)]\n"
+                "print(' '.join(map(str, slots)))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        taken = [int(x) for x in other.stdout.split()]
+        assert len(set(taken)) == 3 and slot not in taken, (slot, taken)
+    finally:
+        sandbox._release_slot(fd)
+
+
+@needs_bwrap
+def test_orphaned_namespace_inits_are_reaped_where_we_are_their_parent(tmp_path):
+    """As a child subreaper (what a container's PID 1 is), 40 programs leave no bwrap zombie."""
+    script = textwrap.dedent("""
+        import ctypes, os
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        from mas_lab.sandbox import run_python
+        for _ in range(40):
+            assert run_python("print(1)").ok
+        zombies = 0
+        for entry in os.listdir("/proc"):
+            try:
+                text = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            state, parent = text[text.rindex(")") + 2:].split()[:2]
+            zombies += state == "Z" and int(parent) == os.getpid()
+        print(zombies)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout.split()[-1]) == 0

@@ -1,0 +1,303 @@
+"""`mas-lab study`: study files (checked before anything is written), the cells and their status,
+a toy study run for real (nested MLflow runs, kept runs not run again), and a 2 x 2 study on a
+real two-node Ray cluster that survives a kill of its driver."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, wait_for
+from typer.testing import CliRunner
+
+from mas_lab.cli import app
+from mas_lab.study.driver import cells, study_status
+from mas_lab.study.families import FAMILIES
+from mas_lab.study.spec import StudyFileError, load_study
+
+MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
+
+
+def _toy_study(folder: Path, **changes) -> Path:
+    """A study of two regimes of the toy task, its folders under `folder`."""
+    study = {
+        "name": "toy-study",
+        "out": str(folder / "study"),
+        "seeds": [0, 1],
+        "set": ["train.steps=2", "train.eval_every=2", "checkpoint.every=1"],
+        "regimes": [
+            {"name": "single agent", "task": str(ROOT / "tasks" / "{stem}_single_agent.yaml")},
+            {"name": "MAS + AT-GRPO", "task": str(ROOT / "tasks" / "{stem}.yaml")},
+        ],
+        "untrained": {"MAS (before RL)": "MAS + AT-GRPO"},
+        "tasks": [{"key": "toy", "stem": "toy", "title": "the toy task"}],
+        "report": {"results_md": str(folder / "report.md"), "images": str(folder / "images")},
+    }
+    study.update(changes)
+    path = folder / "toy-study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def test_the_paper_study_holds_every_task_and_regime_of_the_comparison():
+    assert list(FAMILIES) == ["plan_path_tool", "plan_path", "sokoban"]
+    for family in FAMILIES.values():
+        assert family.names == (
+            "single agent + GRPO",
+            "MAS + trajectory GRPO",
+            "MAS + AT-GRPO shared",
+            "MAS + AT-GRPO per-role LoRA",
+            "MAS + AT-GRPO per-role full",
+        )
+        assert family.regimes["MAS + trajectory GRPO"] == (f"tasks/{family.stem}.yaml", ["algorithm.mode=mas_grpo"])
+        assert family.results_md.endswith("docs/results.md") and family.seeds == (0, 1, 2)
+    assert FAMILIES["plan_path"].archive.endswith("results/reproduce/plan_path")
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (
+            {"regimes": [{"name": "x", "task": "tasks/{stem}.yaml", "swapp": True}], "untrained": {}},
+            "regimes.0.swapp: Extra inputs are not permitted; allowed: ['name', 'set', 'swap', 'task']",
+        ),
+        (
+            {"regimes": [{"name": "x", "task": "tasks/{stem}_nope.yaml"}], "untrained": {}},
+            "tasks[0] (toy) x regimes[0] (x): ",
+        ),
+        ({"untrained": {"before": "nobody"}}, "untrained.before: 'nobody' is not a regime"),
+        ({"tasks": [{"key": "Toy!", "stem": "toy"}]}, "tasks.0.key: String should match pattern"),
+        ({"seeds": []}, "seeds: List should have at least 1 item"),
+        ({"set": ["steps"]}, "'steps': expected key.path=value"),
+        ({"set": ["train.steps=-1"]}, "train.steps"),
+        ({"budget": 3}, "budget: Extra inputs are not permitted; allowed: ["),
+    ],
+)
+def test_a_wrong_study_file_names_the_file_and_the_field(tmp_path, change, expected):
+    path = _toy_study(tmp_path, **change)
+    with pytest.raises(StudyFileError) as error:
+        load_study(path)
+    assert str(error.value).startswith(str(path)) and expected in str(error.value), str(error.value)
+
+
+def test_the_cli_refuses_a_wrong_study_with_exit_2_and_writes_nothing(tmp_path):
+    path = _toy_study(tmp_path, untrained={"before": "nobody"})
+    result = CliRunner().invoke(app, ["study", str(path)])
+    assert result.exit_code == 2 and "is not a regime" in result.output
+    good = _toy_study(tmp_path)
+    for args in (["--task", "sokoban"], ["--only", "nobody"], ["--seeds", "x"]):
+        result = CliRunner().invoke(app, ["study", str(good), *args])
+        assert result.exit_code == 2, (args, result.output)
+    assert not (tmp_path / "study").exists() and not (tmp_path / "report.md").exists()
+
+
+def test_cells_go_seed_by_seed_and_status_reads_without_writing(tmp_path):
+    families = load_study(_toy_study(tmp_path))
+    order = [(c.regime, c.seed) for c in cells(families)]
+    assert order == [("single agent", 0), ("MAS + AT-GRPO", 0), ("single agent", 1), ("MAS + AT-GRPO", 1)]
+    assert [c.seed for c in cells(families, seeds=[1])] == [1, 1]
+    rows = study_status(families)
+    assert [r["status"] for r in rows] == ["pending"] * 4
+    assert not (tmp_path / "study").exists()
+
+
+@pytest.mark.integration
+def test_a_toy_study_runs_nests_its_runs_in_mlflow_and_does_not_run_kept_runs_again(tmp_path):
+    path = _toy_study(tmp_path, seeds=[0])
+    proc = subprocess.run([MAS_LAB, "study", str(path)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.splitlines()[-1])
+    assert sorted(r["regime"] for r in rows) == ["MAS + AT-GRPO", "single agent"]
+    report = (tmp_path / "report.md").read_text()
+    assert "| MAS (before RL) | 0 |" in report and "| MAS + AT-GRPO | 0 |" in report
+    assert (tmp_path / "images" / "reproduce_toy.png").is_file()
+    study = tmp_path / "study"
+    parent = json.loads((study / "study.json").read_text())["mlflow_parent"]
+    ((uri, parent_id),) = parent.items()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_run(parent_id).info.experiment_id])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_id]
+    assert sorted(r.data.tags["mas_lab.regime"] for r in children) == ["MAS + AT-GRPO", "single agent"]
+    assert all(r.data.tags["mas_lab.study"] == "toy-study" for r in children)
+    assert client.get_run(parent_id).info.status == "FINISHED"
+    status = CliRunner().invoke(app, ["study", "status", str(path), "--json"])
+    assert [json.loads(line)["status"] for line in status.output.splitlines()] == ["kept", "kept"]
+    again = subprocess.run([MAS_LAB, "study", str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert again.returncode == 0 and "runs to go" not in again.stderr  # nothing run twice
+
+
+def _kill_driver(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started in its session
+
+
+@pytest.mark.integration
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_study_on_a_two_node_cluster_runs_two_runs_at_once_and_survives_a_driver_kill(cluster, tmp_path):
+    """2 regimes x 2 seeds, each run a Ray task asking 2 CPUs of nodes that have 2: two runs at once,
+    one per node. The driver is SIGKILLed while runs are in flight; its Ray tasks die with it, and
+    their runs get SIGTERM (they checkpoint and free their folders). A second driver does not run a
+    kept run again and continues each interrupted run from its checkpoint."""
+    address, _ = cluster
+    path = _toy_study(tmp_path, set=["train.steps=12", "train.eval_every=6", "checkpoint.every=1"])
+    command = [MAS_LAB, "study", str(path), "--address", address, "--cpus-per-run", "2"]
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    first = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    study = tmp_path / "study" / "toy"
+    try:
+        # two runs in flight at once, each past a checkpoint (older ones are pruned: any step)
+        wait_for(
+            lambda: len({p.parents[2] for p in study.glob("*/seed-*/runs/*/checkpoints/step-*/manifest.json")}) >= 2,
+            timeout=600,
+            what="two runs past a checkpoint at once",
+            interval=0.2,
+        )
+    except AssertionError:
+        _kill_driver(first)
+        raise AssertionError(first.stderr.read().decode()[-3000:] if first.stderr else "") from None
+    nodes = {json.loads(p.read_text())[-1]["node"] for p in study.glob("*/seed-*/segments.json")}
+    assert len(nodes) == 2, nodes  # one run on each node
+    _kill_driver(first)
+    first.wait(timeout=60)
+    wait_for(
+        lambda: not any(_held(p.parent) for p in study.glob("*/seed-*/runs/*/run.lock")),
+        timeout=180,
+        what="the orphaned runs to checkpoint and stop",
+        interval=0.5,
+    )
+    kept_before = {p.parent.name + p.parent.parent.name for p in study.glob("archive/*/seed-*/summary.json")}
+    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    results = [json.loads(p.read_text()) for p in study.glob("archive/*/seed-*/summary.json")]
+    assert len(results) == 4 and all(r["summary"]["steps"] == 12 for r in results)
+    resumed = [r for r in results if r["attempts"] == 2]
+    assert len(resumed) >= 2, [r["attempts"] for r in results]  # the two in flight continued
+    assert all(len(r["placement"]) == r["attempts"] and all(r["placement"]) for r in results)
+    assert all(" ray:" in node for r in results for node in r["placement"])
+    assert len({node for r in results for node in r["placement"]}) == 2
+    assert kept_before <= {p.parent.name + p.parent.parent.name for p in study.glob("archive/*/seed-*/summary.json")}
+    for r in resumed:  # continued in the same run folder, not started again
+        assert len(list(Path(r["run_dir"]).parent.glob("*/run.db"))) == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "| MAS + AT-GRPO | 0, 1 |" in report
+    out = tmp_path / "compare"
+    compare = CliRunner().invoke(app, ["compare", str(study / "archive"), "-o", str(out)])
+    assert compare.exit_code == 0, compare.output
+    assert list(out.glob("*.png"))
+
+
+def _held(run_dir: Path) -> bool:
+    from mas_lab.control import lock_held
+
+    return lock_held(run_dir)
+
+
+def test_status_tells_running_interrupted_and_started_runs_apart(tmp_path, toy_run):
+    """A copy of a finished toy run as the one attempt of a cell: with its checkpoints it is
+    interrupted (continued by the next `mas-lab study`), without them it only started, and while a
+    process holds its lock it runs; its step and last held-out success come from its store."""
+    import shutil
+
+    from mas_lab.control import acquire_lock, release_lock
+    from mas_lab.study.families import slug
+
+    families = load_study(_toy_study(tmp_path, seeds=[0]))
+    _, run_dir, summary = toy_run
+    folder = Path(families[0].out) / slug("MAS + AT-GRPO") / "seed-0" / "runs" / run_dir.name
+    shutil.copytree(run_dir, folder, ignore=shutil.ignore_patterns("run.lock"))
+    (folder.parent.parent / "segments.json").write_text(json.dumps([{"node": "here", "wall_s": 1, "cpu_s": 1}]))
+    row = study_status(families)[1]
+    assert row["status"] == "interrupted" and row["step"] == summary["steps"] and row["node"] == "here"
+    assert row["success"] == summary["eval_after"]
+    assert acquire_lock(folder)
+    try:
+        assert study_status(families)[1]["status"] == "running"
+    finally:
+        release_lock(folder)
+    shutil.rmtree(folder / "checkpoints")
+    assert study_status(families)[1]["status"] == "started"
+    assert folder.is_dir()  # status removes nothing
+
+
+def test_the_study_screen_lists_cells_opens_a_run_and_compares_a_task(tmp_path, toy_run):
+    """Pilot on a study whose seed-0 MAS cell holds a copy of a finished toy run: the table shows
+    every cell live from the folders, enter on a pending cell says there is no run, enter on the
+    finished one exits with its run folder (the CLI then opens the dashboard on it), and c shows the
+    task's comparison (the pooled table from mas_lab.compare) with its PNGs written."""
+    import asyncio
+    import shutil
+
+    from textual.widgets import DataTable, Markdown
+
+    from mas_lab.study.families import slug
+    from tui.study import StudyApp, StudyCompareScreen
+
+    families = load_study(_toy_study(tmp_path))
+    _, run_dir, summary = toy_run
+    folder = Path(families[0].out) / slug("MAS + AT-GRPO") / "seed-0"
+    copy = folder / "runs" / run_dir.name
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
+    result = {"regime": "MAS + AT-GRPO", "seed": 0, "run_dir": str(copy), "placement": ["here"], "summary": summary}
+    (folder / "summary.json").write_text(json.dumps(result))
+
+    async def go():
+        app = StudyApp(families, refresh_s=0.5)
+        async with app.run_test(size=(150, 40)) as pilot:
+            await pilot.pause()
+            table = app.query_one("#cells", DataTable)
+            assert table.row_count == 4
+            assert [table.get_row_at(i)[3] for i in range(4)] == ["pending", "finished", "pending", "pending"]
+            assert table.get_row_at(1)[5] == f"{summary['eval_after']:.3f}" and table.get_row_at(1)[6] == "here"
+            assert "4 cells: 3 pending, 1 finished" in str(app.query_one("#study-counts").render())
+            await pilot.press("enter")  # the first row: pending
+            await pilot.pause()
+            assert app.is_running
+            await pilot.press("c")
+            deadline = asyncio.get_running_loop().time() + 120
+            while not isinstance(app.screen, StudyCompareScreen):
+                assert asyncio.get_running_loop().time() < deadline, "no compare screen"
+                await pilot.pause(0.2)
+            markdown = app.screen.query_one(Markdown).source
+            assert "1 runs compared" in markdown and "MAS + AT-GRPO" in markdown
+            assert list((Path(families[0].out) / "compare").glob("*.png"))
+            await pilot.press("escape")
+            await pilot.press("down")
+            await pilot.press("enter")
+            await pilot.pause()
+        return app.return_value
+
+    assert asyncio.run(go()) == copy
+
+
+def test_a_kept_cell_opens_from_its_unpacked_store(tmp_path, toy_run, monkeypatch):
+    """A run kept only in the archive (run.db.xz, as results/ ships them) opens as a run folder
+    unpacked once into the cache; its status row reads the kept summary."""
+    from mas_lab.store import RunStore
+    from mas_lab.study.driver import cell_run_folder
+    from mas_lab.study.runner import keep
+
+    monkeypatch.setenv("MAS_LAB_CACHE", str(tmp_path / "cache"))
+    families = load_study(_toy_study(tmp_path, seeds=[0]))
+    _, run_dir, summary = toy_run
+    result = {"regime": "single agent", "seed": 0, "run_dir": str(run_dir), "summary": summary}
+    keep(result, families[0].archive_dir)
+    (moved := dict(result))["run_dir"] = str(tmp_path / "gone")  # the work folder is gone
+    (families[0].archive_dir / "single-agent" / "seed-0" / "summary.json").write_text(json.dumps(moved))
+    row = study_status(families)[0]
+    assert row["status"] == "kept" and row["run_dir"] is None and row["success"] == summary["eval_after"]
+    folder = cell_run_folder(row)
+    assert folder.is_relative_to(tmp_path / "cache") and (folder / "task.yaml").is_file()
+    store = RunStore(folder / "run.db", create=False)
+    try:
+        assert store.steps() == RunStore(run_dir / "run.db", create=False).steps()
+    finally:
+        store.close()
+    assert cell_run_folder(row) == folder  # unpacked once
