@@ -2,14 +2,17 @@
 side in one process, printed as JSON.
 
     .venv/bin/python benchmarks/learner_speed.py tasks/plan_path.yaml [--problems 4] [--k 4]
-        [--dtype bfloat16] [--repeats 3] [--micro-batch 4]
+        [--dtype bfloat16] [--repeats 3] [--micro-batch 4] [--logp-chunk 256] [--profile]
 
 Samples: E problems' first tool observations, K candidates each from the task's sampling (the
 same for both). The plain loop is what a first implementation does: each micro-batch of samples
 as right-padded prompt + response rows through the whole model, log-softmax over every position,
 the clipped loss, backward, AdamW step. Ours shares each prompt's forward among its K candidates
 and runs the output layer at response positions only. Reports seconds per update and per 1k
-completion tokens, and the ratio. The first update of each is a warm-up. Run on an idle machine.
+completion tokens, and the ratio; --logp-chunk N times ours again with the output layer's
+log-probabilities in chunks of N tokens (mas_lab/learner/logprobs.py), --profile lists the operators
+one update of ours spends its CPU time in (torch.profiler, self time shares). The first update of each
+is a warm-up. Run on an idle machine.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--logp-chunk", type=int, default=0, help="also time ours with algorithm.logp_chunk=N")
+    parser.add_argument("--profile", action="store_true", help="where one update of ours spends its CPU time")
     args = parser.parse_args()
 
     task = load_task(args.task)
@@ -89,14 +94,35 @@ def main() -> None:
     del engine
     tokens = sum(len(s.response_ids) for s in samples)
 
-    learner = Learner(model_dir, algorithm, dtype=args.dtype, threads=args.threads)
-    ours = []
-    for repeat in range(args.repeats + 1):
-        started = time.perf_counter()
-        learner.update({role.policy: samples})
-        if repeat:
-            ours.append(time.perf_counter() - started)
+    def timed_updates(algo) -> tuple[list[float], Learner]:
+        torch.manual_seed(0)
+        learner = Learner(model_dir, algo, dtype=args.dtype, threads=args.threads)
+        times = []
+        for repeat in range(args.repeats + 1):
+            started = time.perf_counter()
+            learner.update({role.policy: samples})
+            if repeat:
+                times.append(time.perf_counter() - started)
+        return times, learner
+
+    ours, learner = timed_updates(algorithm)
+    extra: dict = {}
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            learner.update({role.policy: samples})
+        events = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in events)
+        top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+        extra["profile_self_cpu_share"] = {e.key: round(e.self_cpu_time_total / total, 3) for e in top}
     del learner
+    if args.logp_chunk:
+        chunked, learner = timed_updates(algorithm.model_copy(update={"logp_chunk": args.logp_chunk}))
+        del learner
+        extra["logp_chunk"] = args.logp_chunk
+        extra["ours_chunked_s"] = round(statistics.fmean(chunked), 2)
+        extra["chunked_vs_dense"] = round(statistics.fmean(ours) / statistics.fmean(chunked), 3)
 
     from transformers import AutoModelForCausalLM
 
@@ -125,6 +151,7 @@ def main() -> None:
                 "ours_s_per_1k_tokens": round(1000 * ours_s / tokens, 2),
                 "plain_s_per_1k_tokens": round(1000 * plain_s / tokens, 2),
                 "speedup": round(plain_s / ours_s, 2),
+                **extra,
             }
         )
     )

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/step_time.py tasks/toy.yaml --steps 5 [--no-ray] [--set k=v ...]
 
 Prints per-step and mean seconds for rollout (generation), reward (env steps, sandbox), learner,
-weight sync and other, plus generated tokens per second. Step 1 is reported but left out of the
+weight sync and other, plus generated tokens per second and the process's peak resident memory
+(with --no-ray, the engine's and learner's too). Step 1 is reported but left out of the
 means (it includes one-off warm-up).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -51,6 +53,7 @@ def main() -> None:
                 "overrides": args.set,
                 "ray": not args.no_ray,
                 "startup_s": round(startup, 2),
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 "steps": steps,
                 "mean_excluding_first": {k: round(statistics.fmean(s[k] for s in measured), 4) for k in KEYS},
             },

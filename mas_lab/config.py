@@ -186,6 +186,14 @@ class Algorithm(_Strict):
     micro_batch: int = Field(
         8, ge=1, le=100_000, description="samples per forward/backward (memory only; the loss is the same)"
     )
+    logp_chunk: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="the output layer's log-probabilities in chunks of this many response tokens, the "
+        "full-vocabulary logits recomputed per chunk in the backward pass instead of kept "
+        "(mas_lab/learner/logprobs.py; less memory, one more output-layer matmul); 0: all at once",
+    )
     role_grad_norms: bool = Field(
         False,
         description="diagnostic: before each update, the gradient norm of each role's own samples in a "
@@ -211,13 +219,15 @@ class Algorithm(_Strict):
         "without resampling); the drops are counted",
     )
     std_eps: float = Field(1e-6, gt=0.0, description="eps in A = (r - mean) / (std + eps) (paper Eq. 3)")
-    advantage: Literal["at_grpo", "rloo", "dr_mas", "gigpo"] = Field(
+    advantage: Literal["at_grpo", "rloo", "dr_mas", "gigpo", "counterfactual"] = Field(
         "at_grpo",
         description="credit assignment (mas_lab/algo/credit.py, docs/algorithm.md): at_grpo, the paper's Eq. 3 in its "
         "groups; rloo, each sample against the mean of its K-1 siblings (leave-one-out); dr_mas, rewards normalised "
         "per (problem, agent) over every turn (Dr. MAS, Feng et al. 2026); gigpo, trajectory modes only: the episode "
         "advantage plus step_weight times a step advantage among samples that met the same observation (GiGPO, Feng "
-        "et al. 2025)",
+        "et al. 2025); counterfactual, tree only: each candidate's branch continued greedily to the episode's end, "
+        "its team outcome (plus its own local reward) against its K-1 siblings' (C3, Chen et al. 2026; costs a "
+        "continuation per candidate)",
     )
     step_weight: float = Field(1.0, ge=0.0, description="gigpo: weight of the step advantage (omega in GiGPO's Eq. 8)")
 
@@ -445,6 +455,18 @@ class TaskConfig(_Strict):
                 "algorithm.advantage: gigpo groups independent trajectories by their steps; allowed "
                 "with algorithm.mode at_grpo: at_grpo, rloo, dr_mas (or use mode mas_grpo or single_agent)"
             )
+        if self.algorithm.advantage == "counterfactual":
+            if self.algorithm.mode != "at_grpo":
+                raise ValueError(
+                    "algorithm.advantage: counterfactual continues each candidate's own branch of the tree; "
+                    f"mode {self.algorithm.mode} samples independent trajectories; allowed there: at_grpo, rloo, "
+                    "dr_mas, gigpo"
+                )
+            if env.parallel:
+                raise ValueError(
+                    f"algorithm.advantage: counterfactual needs a sequential workflow; environment '{self.env.name}' "
+                    "acts in parallel (no single branch holds a turn); allowed: at_grpo, rloo, dr_mas"
+                )
         for i, role in enumerate(self.roles):
             if role.k is not None and self.algorithm.mode != "at_grpo":
                 raise ValueError(

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from mas_lab.algo.credit import OUTCOME
 from mas_lab.algo.groups import Candidate
 from mas_lab.config import Sampling, TaskConfig
 from mas_lab.envs.base import Env, Problem
@@ -111,14 +112,18 @@ def tree_rollout(
     return episodes
 
 
-def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) -> None:
+def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn, start=(0, 0)) -> None:
+    """The turns from `start` = (turn, agent index) on (a counterfactual continuation starts
+    after the agent whose candidates it credits)."""
     parallel = bool(episodes) and episodes[0].env.parallel
-    for turn in range(task.env.max_turns):
+    for turn in range(start[0], task.env.max_turns):
         live = [e for e in episodes if not e.env.done]
         if not live:
             return
         chosen: list[list[tuple[str, Env]]] = [[] for _ in live]  # parallel: (role, scored branch)
         for agent_index, role in enumerate(r.name for r in task.roles):
+            if turn == start[0] and agent_index < start[1]:
+                continue
             if not parallel:
                 live = [e for e in live if not e.env.done]
                 if not live:
@@ -140,6 +145,23 @@ def _sample_turns(task, episodes, generate, k, seed, greedy, timing, on_turn) ->
                     episode.env.history.append(branch.history[-1])
                     record.state_after = episode.env.render()
             timing.reward_s += time.perf_counter() - started
+
+
+def counterfactual_outcomes(task, branches, problems, turn, agent_index, generate, seed, timing) -> list[float]:
+    """The team outcome of each scored branch continued to the end of its episode: C3's
+    fixed-continuation replay (Chen et al. 2026, arXiv 2603.06859, Sec. 3) on the tree. Every
+    branch (a clone: the scored one stays as it is) is played on by the agents after this one,
+    then the later turns, each acting greedily (temperature 0, one candidate) from the current
+    policy: the same deterministic continuation policy for every sibling, so siblings differ
+    only by their own action. Returns each continued branch's final team value
+    (`Env.team_value`); a branch already done (or the last agent of the last turn) is its own
+    outcome."""
+    episodes = [Episode(i, problem, branch.clone()) for i, (problem, branch) in enumerate(zip(problems, branches))]
+    start = (turn, agent_index + 1) if agent_index + 1 < len(task.roles) else (turn + 1, 0)
+    _sample_turns(
+        task, episodes, generate, 1, call_seed(seed, "counterfactual", turn, agent_index), True, timing, None, start
+    )
+    return [float(e.env.team_value()) for e in episodes]
 
 
 def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing):
@@ -165,12 +187,19 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
 
     results = list(_SCORING_POOL.map(score, branches, flat))
     timing.reward_s += time.perf_counter() - started
+    outcomes: list[float] | None = None
+    if task.algorithm.advantage == "counterfactual" and not greedy:
+        problems = [e.problem for e in live for _ in range(k)]
+        outcomes = counterfactual_outcomes(task, branches, problems, turn, agent_index, generate, seed, timing)
 
     for position, episode in enumerate(live):
         candidates = []
         for c in range(k):
             j = position * k + c
             gen, result = flat[j], results[j]
+            components = dict(result.components)
+            if outcomes is not None:  # the credit counterfactual advantages read (algo/credit.py)
+                components[OUTCOME] = spec.alpha * outcomes[j] + result.local
             candidates.append(
                 Candidate(
                     problem_id=episode.problem.id,
@@ -184,7 +213,7 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
                     reward=spec.alpha * result.team + result.local,
                     team=result.team,
                     local=result.local,
-                    components=dict(result.components),
+                    components=components,
                     info=result.info,
                     state_after=branches[j].render(),
                     logprobs=gen.logprobs,

@@ -1,13 +1,14 @@
 """Credit assignment side by side (algorithm.advantage): the invariants each method promises, a
 hand-computed example of each, and the advantages a real toy run stored recomputed from its store."""
 
+import json
 import statistics
 
 import pytest
 
 from mas_lab.algo import Candidate
 from mas_lab.algo.advantage import grpo_advantages, rloo_advantages
-from mas_lab.algo.credit import assign_advantages, build_agent_groups, build_step_groups
+from mas_lab.algo.credit import OUTCOME, assign_advantages, build_agent_groups, build_step_groups
 
 
 def cand(problem="p", role="a", turn=0, index=0, reward=0.0, prompt=(1, 2)):
@@ -82,14 +83,16 @@ def test_gigpo_adds_a_step_advantage_among_samples_that_met_the_same_observation
         assign_advantages(trajectories, 3, 1e-6, True, "gigpo")
 
 
-@pytest.mark.parametrize("method", ["at_grpo", "rloo", "dr_mas"])
+@pytest.mark.parametrize("method", ["at_grpo", "rloo", "dr_mas", "counterfactual"])
 def test_equal_rewards_give_zero_advantages(method):
     tree = [("p", [cand(index=i, reward=0.7) for i in range(4)])]
+    for c in tree[0][1]:
+        c.components[OUTCOME] = 0.3
     groups = assign_advantages(tree, 4, 1e-6, True, method)
     assert all(c.advantage == 0.0 for g in groups for c in g.members)
 
 
-@pytest.mark.parametrize("method", ["rloo", "dr_mas"])
+@pytest.mark.parametrize("method", ["rloo", "dr_mas", "counterfactual"])
 def test_a_run_stores_the_advantages_its_method_gives(tmp_path, method):
     """Recomputed from the store: a real toy step's stored rewards, regrouped and run through the
     method again, give the stored advantages (and, for dr_mas, its stored groups)."""
@@ -105,10 +108,13 @@ def test_a_run_stores_the_advantages_its_method_gives(tmp_path, method):
     trainer.train_step(1)
     store = trainer.store
     rows = store.rows(
-        "SELECT e.problem_id, t.role, t.turn, c.idx, c.reward, c.advantage FROM candidates c JOIN turns t ON"
+        "SELECT e.problem_id, t.role, t.turn, c.idx, c.reward, c.components, c.advantage FROM candidates c JOIN turns t ON"
         " c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' ORDER BY c.id"
     )
     rebuilt = [cand(r["problem_id"], r["role"], r["turn"], r["idx"], r["reward"]) for r in rows]
+    for c, r in zip(rebuilt, rows):
+        c.components = json.loads(r["components"])
+    assert (method == "counterfactual") == all(OUTCOME in c.components for c in rebuilt)
     by_turn: dict = {}
     for c in rebuilt:
         by_turn.setdefault((c.problem_id, c.role, c.turn), []).append(c)
@@ -190,3 +196,73 @@ def test_role_grad_norms_measure_each_roles_samples_alone():
     loss.backward()
     assert norms["planner"] == pytest.approx(float(torch.nn.utils.clip_grad_norm_(params, float("inf"))), rel=1e-4)
     assert not any(k.startswith("grad_norm_role/") for k in plain.update({"shared": samples[:4]})["shared"])
+
+
+def test_counterfactual_credit_by_hand_on_the_toy_tree():
+    """K = 2 on the toy (2 roles x 2 turns): candidate 0 writes 'b' (score 0), candidate 1 'a'
+    (score 1); a greedy continuation writes 'b'. Each candidate's credit is the team value of its
+    branch continued to the end (the mean of the four scores) plus its own score; the leave-one-out
+    advantage of K = 2 is the difference. At the last action the credit is the reward itself."""
+    from conftest import ROOT
+    from fakes import FakeEngine
+
+    from mas_lab.config import load_task
+    from mas_lab.envs import ProblemPool, ToyEnv
+    from mas_lab.episodes import Episode, tree_rollout
+    from mas_lab.trainer import compute_advantages
+
+    task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=2", "algorithm.advantage=counterfactual"])
+    pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
+    episode = Episode(0, pool.train(0), pool.make(pool.train(0)))
+    engine = FakeEngine()
+    tree_rollout(task, [episode], engine, 2, seed=0)
+    # the tree's 4 calls of K = 2, and greedy continuations of one candidate: 3 + 2 + 1 + 0 calls
+    assert sorted(call["n"] for call in engine.calls) == [1] * 6 + [2] * 4
+    outcomes = [tuple(c.components[OUTCOME] for c in t.candidates) for t in episode.turns]
+    expected = [(0.0, 1.25), (0.25, 1.5), (0.5, 1.75), (0.75, 2.0)]
+    assert [o == pytest.approx(e) for o, e in zip(outcomes, expected)] == [True] * 4
+    last = episode.turns[-1].candidates
+    assert [c.components[OUTCOME] for c in last] == pytest.approx([c.reward for c in last])
+    compute_advantages([episode], 2, 1e-6, method="counterfactual")
+    for t, (low, high) in zip(episode.turns, outcomes):
+        assert [c.advantage for c in t.candidates] == pytest.approx([low - high, high - low])
+
+
+def test_counterfactual_continuations_never_change_the_sampled_tree():
+    """The continuations run on clones: the candidates, rewards, chosen branches and live states
+    are those of the same rollout under at_grpo; only the credit differs."""
+    from conftest import ROOT
+    from fakes import FakeEngine
+
+    from mas_lab.config import load_task
+    from mas_lab.envs import ProblemPool, ToyEnv
+    from mas_lab.episodes import Episode, tree_rollout
+
+    def rollout(method):
+        task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=3", f"algorithm.advantage={method}"])
+        pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
+        episodes = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(3)]
+        tree_rollout(task, episodes, FakeEngine(lambda c, n, row: "ab"[(c + row) % 2] * (c + 1)), 3, seed=0)
+        return [
+            [(t.role, t.turn, t.chosen, t.state_after, [(c.response, c.reward) for c in t.candidates]) for t in e.turns]
+            + [e.final_state, e.success]
+            for e in episodes
+        ]
+
+    assert rollout("counterfactual") == rollout("at_grpo")
+
+
+def test_counterfactual_credit_needs_the_tree_and_a_sequential_workflow():
+    from conftest import ROOT
+
+    from mas_lab.config import TaskFileError, load_task
+
+    with pytest.raises(TaskFileError, match="counterfactual continues each candidate's own branch"):
+        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo", "algorithm.advantage=counterfactual"])
+    with pytest.raises(TaskFileError, match="needs a sequential workflow"):
+        load_task(ROOT / "tasks" / "math.yaml", ["algorithm.advantage=counterfactual"])
+    bare = [("p", [cand(index=i, reward=float(i)) for i in range(2)])]
+    with pytest.raises(ValueError, match="no counterfactual outcome"):
+        assign_advantages(bare, 2, 1e-6, True, "counterfactual")
+    with pytest.raises(ValueError, match="needs tree sampling"):
+        assign_advantages(bare, 2, 1e-6, False, "counterfactual")

@@ -15,6 +15,13 @@ per problem), so the methods can be compared on identical data. Formulas: docs/a
   advantage of trajectory GRPO (Eq. 3 there) plus `step_weight` times a step advantage within
   step groups, the samples of one problem's K trajectories that met the identical observation
   (anchor states, Eq. 6-7: same role and prompt), each sample's own reward as its step reward.
+- `counterfactual`: C3 (Chen et al. 2026, arXiv 2603.06859) on the tree: each candidate's branch
+  is continued to the end of its episode by the current policy, greedily (episodes.py,
+  counterfactual_outcomes), and its credit is alpha * the continued branch's final team value plus
+  its own local reward (Eq. 4 with the team term read at the episode's end), against the mean of
+  its K - 1 siblings' (leave-one-out), in AT-GRPO's groups. Where it departs from C3: one greedy
+  continuation per candidate rather than sampled replays under a frozen behaviour policy, and
+  the alternatives are the tree's own K candidates, which also pick the live branch.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from collections import defaultdict
 from mas_lab.algo.advantage import grpo_advantages, rloo_advantages
 from mas_lab.algo.groups import ALL_TURNS, Candidate, Group, GroupKey, build_groups, build_trajectory_groups
 
-METHODS = ("at_grpo", "rloo", "dr_mas", "gigpo")
+METHODS = ("at_grpo", "rloo", "dr_mas", "gigpo", "counterfactual")
+OUTCOME = "counterfactual"  # the reward component holding a candidate's counterfactual credit
 
 
 def assign_advantages(
@@ -48,6 +56,19 @@ def assign_advantages(
         groups = build_agent_groups(candidates)
         for group in groups:
             group.set_advantages(grpo_advantages(group.rewards, eps))
+        return groups
+    if method == "counterfactual":
+        if not tree:
+            raise ValueError(
+                "counterfactual continues each candidate's own branch: it needs tree sampling (mode at_grpo)"
+            )
+        groups = build_groups(candidates, k, role_k)
+        for group in groups:
+            missing = [c.index for c in group.members if OUTCOME not in c.components]
+            if missing:
+                raise ValueError(f"group {group.key}: candidates {missing} have no counterfactual outcome")
+            group.rewards = [c.components[OUTCOME] for c in group.members]
+            group.set_advantages(rloo_advantages(group.rewards))
         return groups
     groups = build_groups(candidates, k, role_k) if tree else build_trajectory_groups(trajectories, k)
     for group in groups:

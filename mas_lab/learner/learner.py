@@ -22,6 +22,7 @@ from mas_lab.actors import node_id, set_threads
 from mas_lab.algo.loss import clipped_policy_loss, kl_penalty
 from mas_lab.background import Background
 from mas_lab.config import Algorithm, Lora
+from mas_lab.learner.logprobs import chunked_logprobs
 from mas_lab.learner.samples import Sample
 from mas_lab.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 
@@ -185,9 +186,17 @@ class Learner:
             ).last_hidden_state
             hidden = torch.cat([prompt[batch.which, -1:], response[:, :-1]], dim=1)
             where = batch.mask.bool()
-            logits = model_.get_output_embeddings()(hidden[where]).float()
-        logits = logits / batch.temperature[where].unsqueeze(-1)
-        picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids[where].unsqueeze(-1)).squeeze(-1)
+            head = model_.get_output_embeddings()
+            targets, temperature = batch.response_ids[where], batch.temperature[where]
+            chunked = self.algo.logp_chunk > 0 and type(head) is torch.nn.Linear and head.bias is None
+            if chunked:  # the full-vocabulary logits never kept: learner/logprobs.py
+                dtype = torch.bfloat16 if self.autocast else head.weight.dtype  # as the autocast linear
+                picked = chunked_logprobs(hidden[where], head.weight, targets, temperature, self.algo.logp_chunk, dtype)
+            else:
+                logits = head(hidden[where])
+        if not chunked:
+            logits = logits.float() / temperature.unsqueeze(-1)
+            picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return torch.zeros(where.shape, dtype=picked.dtype, device=self.device).masked_scatter(where, picked)
 
     def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:
