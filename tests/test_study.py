@@ -301,3 +301,31 @@ def test_a_kept_cell_opens_from_its_unpacked_store(tmp_path, toy_run, monkeypatc
     finally:
         store.close()
     assert cell_run_folder(row) == folder  # unpacked once
+
+
+def test_gradient_norm_spikes_are_counted_per_regime_from_the_kept_stores(tmp_path):
+    """A step whose gradient norm exceeds 3x its run's median of nonzero norms is a spike; steps
+    with no sample trained (norm 0) are left out; seeds of a regime add up."""
+    import lzma
+
+    from mas_lab.store import RunStore
+    from mas_lab.study.report import grad_spikes
+
+    def kept(name, norms):
+        store = RunStore(tmp_path / f"{name}.db")
+        for step, norm in enumerate(norms, 1):
+            store.write_step(step, 0.0, [], "train", metrics={"grad_norm/shared": norm, "reward/mean": 0.1})
+        store.finish()
+        store.close()
+        packed = tmp_path / f"{name}.db.xz"
+        packed.write_bytes(lzma.compress((tmp_path / f"{name}.db").read_bytes()))
+        return str(packed)
+
+    results = [
+        {"regime": "A", "seed": 0, "store": kept("a0", [1.0, 1.1, 0.0, 0.9, 3.5, 1.0])},  # one spike (3.5 > 3 x 1.0)
+        {"regime": "A", "seed": 1, "store": kept("a1", [2.0, 2.0, 6.5, 2.1, 7.0])},  # two (median 2.1)
+        {"regime": "B", "seed": 0, "store": kept("b0", [1.0, 1.2, 0.8, 2.9])},  # none (median 1.1)
+    ]
+    lines = grad_spikes(results)
+    assert lines[0].startswith("A: 3 over 2 runs (the largest norm 3.5x")
+    assert lines[1].startswith("B: 0 over 1 run (the largest norm 2.6x")

@@ -43,6 +43,7 @@ class Family:
     results_md: str = ""  # the Markdown file holding the task's section ("": none)
     images: str = ""  # the folder of the curves
     command: str = ""  # the command the report names ({key}: this task)
+    heading: str = "The paper's comparison at CPU scale"  # the report section's heading, before the title
 
     @property
     def regimes(self) -> dict[str, tuple[str, list[str]]]:  # name -> (task file, overrides), in order

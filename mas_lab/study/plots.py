@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
-    """eval success and reward per role against steps, from the run's kept store."""
+    """eval success, reward per role and gradient norm per policy against steps, from the run's kept store."""
     from mas_lab.store import RunStore
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -22,7 +22,7 @@ def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
         try:
             rows = store.rows(
                 "SELECT step, key, value FROM metrics WHERE key = 'eval/success_rate' OR "
-                "(key LIKE 'reward/%' AND key NOT LIKE 'reward/%/%') ORDER BY step"
+                "(key LIKE 'reward/%' AND key NOT LIKE 'reward/%/%') OR key LIKE 'grad_norm/%' ORDER BY step"
             )
         finally:
             store.close()

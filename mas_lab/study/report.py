@@ -15,7 +15,7 @@ from pathlib import Path
 from mas_lab.reporting import wilson_interval
 from mas_lab.study import families
 from mas_lab.study.families import Family, slug
-from mas_lab.study.plots import plot
+from mas_lab.study.plots import curves, plot
 
 
 def cell(rates: list[tuple[int, float, int]]) -> dict:
@@ -322,6 +322,32 @@ def swap_lines(results: list[dict]) -> list[str]:
     return lines
 
 
+SPIKE = 3.0  # a gradient-norm spike: a step whose norm exceeds SPIKE times its run's median
+
+
+def grad_spikes(results: list[dict]) -> list[str]:
+    """Per regime, the steps whose gradient norm (of any policy, `grad_norm/<policy>`) exceeded
+    SPIKE times the median of that policy's nonzero norms in its run, summed over its seeds, and the
+    largest ratio to the median: the spikes Dr. MAS (arXiv 2602.08847) reports under a normalisation
+    shared by agents whose rewards differ in scale. Steps with no sample trained (norm 0) are left out."""
+    by_regime: dict[str, list] = {}
+    for r in results:
+        spikes, worst = 0, 0.0
+        for key, points in curves(r).items():
+            norms = [v for _, v in points if v > 0] if key.startswith("grad_norm/") else []
+            if len(norms) < 3:
+                continue
+            median = statistics.median(norms)
+            spikes += sum(v > SPIKE * median for v in norms)
+            worst = max(worst, max(norms) / median)
+        entry = by_regime.setdefault(r["regime"], [0, 0.0, 0])
+        entry[0], entry[1], entry[2] = entry[0] + spikes, max(entry[1], worst), entry[2] + 1
+    return [
+        f"{name}: {spikes} over {runs} run{'s' if runs > 1 else ''} (the largest norm {worst:.1f}x its run's median)"
+        for name, (spikes, worst, runs) in by_regime.items()
+    ]
+
+
 def report(family: Family, results: list[dict], out: Path) -> None:
     """Write the family's results.json and, where the study names them, its curves and its section
     of the Markdown report; a section whose runs are not kept any more says so."""
@@ -339,7 +365,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
                 [
                     family.begin,
                     "",
-                    f"## The paper's comparison at CPU scale: {family.title}",
+                    f"## {family.heading}: {family.title}",
                     "",
                     f"No run of this family is kept in `{_shown(family, family.archive_dir)}/` yet: `{command}` makes them.",
                     "",
@@ -363,7 +389,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     text = [
         family.begin,
         "",
-        f"## The paper's comparison at CPU scale: {family.title}",
+        f"## {family.heading}: {family.title}",
         "",
         f"Command: `{command}` (`mas-lab study {family.study_file} --task {family.key}`: the study file names "
         "every regime's task file and overrides; one run at a time with a torch thread per core; some kept runs "
@@ -406,6 +432,13 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         + ".",
         "",
     ]
+    if spikes := grad_spikes(results):
+        text += [
+            f"Gradient-norm spikes (steps above {SPIKE:g}x the median of their run's nonzero norms): "
+            + "; ".join(spikes)
+            + ".",
+            "",
+        ]
     if swaps:
         text += [
             "Swap ablation (per-role runs, final checkpoint, role -> policy map swapped, `mas-lab eval "

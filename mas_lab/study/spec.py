@@ -59,6 +59,9 @@ class ReportSpec(_Strict):
     results_md: str | None = Field(None, description="a Markdown file to write each task's section into")
     images: str | None = Field(None, description="the folder of the curves (default: <study out>/images)")
     command: str = Field("", description="the command the report names (default: mas-lab study FILE)")
+    heading: str = Field(
+        "The paper's comparison at CPU scale", min_length=1, description="each task section's heading, before its title"
+    )
 
 
 class StudySpec(_Strict):
@@ -155,6 +158,7 @@ def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
                 results_md=str(_path(root, spec.report.results_md)) if spec.report.results_md else "",
                 images=str(_path(root, spec.report.images)) if spec.report.images else str(out / "images"),
                 command=spec.report.command,
+                heading=spec.report.heading,
             )
         )
     return families
