@@ -1,0 +1,85 @@
+"""Does the planner use the tool agent's output? Read from a Plan-Path run store (tool_helper:
+solver), per evaluation step and split, for the planner's chosen answer at turn 0: how often its first
+move is the first move the tool's program printed, how often it is a move toward the goal by the
+coordinates (what a reading rule would do), and how often the whole answer is the tool's move list.
+On the hard split (a detour needed) the tool's first move and the straight way's part often differ,
+which tells copying from reading.
+
+    .venv/bin/python tools/tool_use.py RUN_DIR_or_run.db [--step N]   # prints JSON lines
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+from mas_lab.envs.plan_path import parse_answer_moves
+
+QUERY = """
+SELECT e.step, e.idx, e.problem, t.observation, c.response, e.success
+FROM episodes e JOIN turns t ON t.episode_id = e.id JOIN candidates c ON c.turn_id = t.id
+WHERE e.kind = 'eval' AND t.role = 'planner' AND t.turn = 0 AND c.chosen = 1
+ORDER BY e.step, e.idx
+"""
+
+
+def toward(problem: dict) -> set[str]:
+    """The moves that bring S closer to G by the coordinates (walls ignored)."""
+    (sr, sc), (gr, gc) = problem["start"], problem["goal"]
+    return {m for m, near in (("U", gr < sr), ("D", gr > sr), ("L", gc < sc), ("R", gc > sc)) if near}
+
+
+def tool_moves(observation: str) -> list[str]:
+    """The moves the tool's program printed, as the planner was shown them ("Its output:" line)."""
+    found = re.search(r"Its output:\n(.*)", observation)
+    return re.findall(r"\b[UDLR]\b", found.group(1)) if found else []
+
+
+def summarise(db_path: Path, eval_problems: int, step: int | None = None) -> list[dict]:
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    out: dict[tuple[int, str], dict] = {}
+    for at, idx, problem, observation, response, success in db.execute(QUERY):
+        if step is not None and at != step:
+            continue
+        split = "hard" if idx >= eval_problems else "main"
+        row = out.setdefault(
+            (at, split),
+            {
+                "step": at,
+                "split": split,
+                "episodes": 0,
+                "team_success": 0,
+                "tool_printed_moves": 0,
+                "first_move_is_tools": 0,
+                "first_move_toward_goal": 0,
+                "answer_is_tools_list": 0,
+            },
+        )
+        moves, printed = parse_answer_moves(response) or [], tool_moves(observation)
+        row["episodes"] += 1
+        row["team_success"] += int(success)
+        row["tool_printed_moves"] += bool(printed)
+        row["first_move_is_tools"] += bool(moves and printed and moves[0] == printed[0])
+        row["first_move_toward_goal"] += bool(moves and moves[0] in toward(json.loads(problem)))
+        row["answer_is_tools_list"] += bool(moves and moves == printed)
+    return list(out.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run", type=Path, help="a run folder or its run.db")
+    parser.add_argument("--step", type=int)
+    args = parser.parse_args()
+    db_path = args.run / "run.db" if args.run.is_dir() else args.run
+    import yaml
+
+    task = yaml.safe_load((db_path.parent / "task.yaml").read_text())
+    for row in summarise(db_path, task["train"]["eval_problems"], args.step):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
