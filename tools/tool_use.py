@@ -13,17 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sqlite3
 from pathlib import Path
 
 from mas_lab.envs.plan_path import parse_answer_moves
-
-QUERY = """
-SELECT e.step, e.idx, e.problem, t.observation, c.response, e.success
-FROM episodes e JOIN turns t ON t.episode_id = e.id JOIN candidates c ON c.turn_id = t.id
-WHERE e.kind = 'eval' AND t.role = 'planner' AND t.turn = 0 AND c.chosen = 1
-ORDER BY e.step, e.idx
-"""
+from mas_lab.store import RunStore
 
 
 def toward(problem: dict) -> set[str]:
@@ -39,10 +32,11 @@ def tool_moves(observation: str) -> list[str]:
 
 
 def summarise(db_path: Path, eval_problems: int, step: int | None = None) -> list[dict]:
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    store = RunStore(db_path, create=False)
     out: dict[tuple[int, str], dict] = {}
-    for at, idx, problem, observation, response, success in db.execute(QUERY):
-        if step is not None and at != step:
+    for record in store.candidate_records(kind="eval", chosen_only=True):
+        at, idx = record["step"], record["episode"]
+        if record["role"] != "planner" or record["turn"] != 0 or (step is not None and at != step):
             continue
         split = "hard" if idx >= eval_problems else "main"
         row = out.setdefault(
@@ -58,13 +52,14 @@ def summarise(db_path: Path, eval_problems: int, step: int | None = None) -> lis
                 "answer_is_tools_list": 0,
             },
         )
-        moves, printed = parse_answer_moves(response) or [], tool_moves(observation)
+        moves, printed = parse_answer_moves(record["response"]) or [], tool_moves(record["observation"])
         row["episodes"] += 1
-        row["team_success"] += int(success)
+        row["team_success"] += int(record["episode_success"])
         row["tool_printed_moves"] += bool(printed)
         row["first_move_is_tools"] += bool(moves and printed and moves[0] == printed[0])
-        row["first_move_toward_goal"] += bool(moves and moves[0] in toward(json.loads(problem)))
+        row["first_move_toward_goal"] += bool(moves and moves[0] in toward(record["problem"]))
         row["answer_is_tools_list"] += bool(moves and moves == printed)
+    store.close()
     return list(out.values())
 
 
