@@ -22,7 +22,7 @@ from mas_lab.actors import node_id, set_threads
 from mas_lab.algo.loss import clipped_policy_loss, kl_penalty
 from mas_lab.background import Background
 from mas_lab.config import Algorithm, Lora
-from mas_lab.learner.logprobs import chunked_logprobs
+from mas_lab.learner.logprobs import chunked_logprobs, logprobs_from_logits
 from mas_lab.learner.samples import Sample
 from mas_lab.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 
@@ -196,9 +196,8 @@ class Learner:
                 picked = chunked_logprobs(hidden[where], head.weight, targets, temperature, self.algo.logp_chunk, dtype)
             else:
                 logits = head(hidden[where])
-        if not chunked:
-            logits = logits.float() / temperature.unsqueeze(-1)
-            picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if not chunked:  # outside autocast: the softmax in float32
+            picked = logprobs_from_logits(logits, targets, temperature)
         return torch.zeros(where.shape, dtype=picked.dtype, device=self.device).masked_scatter(where, picked)
 
     def update(self, samples: dict[str, list[Sample]]) -> dict[str, dict[str, float]]:

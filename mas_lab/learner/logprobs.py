@@ -77,7 +77,12 @@ def chunked_logprobs(
     return _ChunkedLogProbs.apply(hidden, weight, targets, temperature.float(), chunk, compute_dtype or weight.dtype)
 
 
+def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """The dense path: full logits [N, V] in float32 over the temperature, log_softmax, gather."""
+    scaled = logits.float() / temperature.unsqueeze(-1)
+    return torch.log_softmax(scaled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
 def dense_logprobs(hidden, output_layer, targets, temperature) -> torch.Tensor:
-    """The reference: full logits, float32 log_softmax, gather (what the learner did before)."""
-    logits = output_layer(hidden).float() / temperature.unsqueeze(-1)
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    """The reference the chunked path is tested against: the output layer, then the dense path."""
+    return logprobs_from_logits(output_layer(hidden), targets, temperature)
