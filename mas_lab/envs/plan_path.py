@@ -206,8 +206,13 @@ class MovesGame(ToolPlannerEnv):
         raise NotImplementedError
 
     def toward_move(self) -> list[str]:
-        """One legal move toward the goal from the current state ([] when there is none)."""
-        raise NotImplementedError
+        """One legal move toward the goal from the current state: the first move of the straight
+        way's two orders (vertical first) that is legal; [] when there is none."""
+        for rows_first in (True, False):
+            plan = self.straight_plan(rows_first)
+            if plan and self.legal(plan[:1]):
+                return plan[:1]
+        return []
 
     def optimal_plan(self) -> list[str] | None:
         """A shortest plan that solves the problem from the current state (breadth-first search)."""
@@ -374,14 +379,6 @@ class PlanPathEnv(MovesGame):
 
     def straight_plan(self, rows_first: bool = True) -> list[str]:
         return straight_moves(self.goal[0] - self.pos[0], self.goal[1] - self.pos[1], rows_first)
-
-    def toward_move(self) -> list[str]:
-        """The first legal move of the straight way's two orders (vertical first)."""
-        for rows_first in (True, False):
-            plan = self.straight_plan(rows_first)
-            if plan and self.legal(plan[:1]):
-                return plan[:1]
-        return []
 
     def optimal_plan(self) -> list[str] | None:
         return (

@@ -282,13 +282,5 @@ class SokobanEnv(MovesGame):
         free = sorted(self.targets - self.boxes, key=lambda t: (abs(t[0] - box[0]) + abs(t[1] - box[1]), t))
         return self._push_plan(self.player, box, free[0], rows_first)
 
-    def toward_move(self) -> list[str]:
-        """The first move of the straight push plan (either order) when it is legal."""
-        for rows_first in (True, False):
-            plan = self.straight_plan(rows_first)
-            if plan and self.legal(plan[:1]):
-                return plan[:1]
-        return []
-
     def optimal_plan(self) -> list[str] | None:
         return solve(self.walls, self.player, self.boxes, self.targets)
