@@ -2,7 +2,7 @@
 work, one axis at a time, printed as JSON (and, with --png, drawn).
 
     .venv/bin/python benchmarks/scaling.py [--task tasks/plan_path_learns.yaml] [--axes k,problems,...]
-        [--steps 2] [--png docs/images/scaling.png] [--out results/benchmarks/scaling.json]
+        [--steps 2] [--png docs/images/scaling.png] [--out results/benchmarks/scaling.json [--merge]]
 
 Every point is one `benchmarks/step_time.py --no-ray` process (the engine and learner in one
 process, so its peak resident memory is the point's; `--ray` runs the product's Ray path instead) on
@@ -143,13 +143,19 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="an override of every point")
     parser.add_argument("--ray", action="store_true", help="the Ray path (peak RSS is then the driver's only)")
     parser.add_argument("--png", type=Path)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="written after every axis, so a stopped run keeps what it measured")
+    parser.add_argument("--merge", action="store_true", help="keep --out's other axes (same task, base and path)")
     args = parser.parse_args()
     values = dict(AXES)
     for spec in args.values:
         axis, _, listed = spec.partition("=")
         values[axis] = [int(v) for v in listed.split(",")]
     result: dict = {"task": args.task, "base": BASE + args.set, "ray": args.ray, "steps": args.steps, "axes": {}}
+    if args.merge and args.out and args.out.exists():
+        kept = json.loads(args.out.read_text())
+        if {k: kept.get(k) for k in ("task", "base", "ray")} != {k: result[k] for k in ("task", "base", "ray")}:
+            parser.error(f"--merge: {args.out} holds another task, base or path; write to another --out")
+        result["axes"] = kept["axes"]
     measured: dict[tuple, dict] = {}  # the base point recurs on every axis: measured once
     for axis in args.axes.split(","):
         if axis not in AXES:
@@ -171,9 +177,9 @@ def main() -> None:
             "exponent": growth_exponent(xs, ys),
             "knee": knee(xs, ys) if axis != "roles" else None,
         }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.png:
         draw(result, args.png)
     print(json.dumps(result, indent=1))

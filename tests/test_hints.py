@@ -162,6 +162,8 @@ def test_an_observed_tool_demo_copies_the_drawn_grid_and_never_shows_moves(env_c
         demo = env.format_demo("tool", random.Random(0))
         assert demo == f"```python\nprint(solve({_grid_rows(env)!r}))\n```"
         assert not set(demo.replace("solve", "").replace("print", "").replace("python", "")) & set("UDLR")
-        assert env.clone().step("tool", 0, demo).components["value"] == 1.0
+        played = env.clone()
+        result = played.step("tool", 0, demo)
+        assert result.components["value"] == 1.0, (result.info, played.tool_output)  # the sandbox's own message
         planner = [env.format_demo("planner", random.Random(seed)) for seed in range(20)]
         assert len(set(planner)) > 3  # random, not this problem's plan
