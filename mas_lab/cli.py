@@ -763,16 +763,21 @@ def study_run(
         problem = check_cluster(address, 10.0)
         if problem:
             _fail(f"--address: {problem}")
-    results = run_study(
-        families,
-        seeds=_seed_list(seeds),
-        only=list(only) if only else None,
-        jobs=jobs,
-        address=address,
-        cpus_per_run=cpus_per_run,
-        extra=list(set_ or []),
-        report_only=report_only,
-    )
+    from mas_lab.study.reuse import ReuseError
+
+    try:
+        results = run_study(
+            families,
+            seeds=_seed_list(seeds),
+            only=list(only) if only else None,
+            jobs=jobs,
+            address=address,
+            cpus_per_run=cpus_per_run,
+            extra=list(set_ or []),
+            report_only=report_only,
+        )
+    except ReuseError as exc:
+        _fail(f"{study_file}: {exc}")
     print(json.dumps(summary_rows(results)))
 
 

@@ -329,3 +329,86 @@ def test_gradient_norm_spikes_are_counted_per_regime_from_the_kept_stores(tmp_pa
     lines = grad_spikes(results)
     assert lines[0].startswith("A: 3 over 2 runs (the largest norm 3.5x")
     assert lines[1].startswith("B: 0 over 1 run (the largest norm 2.6x")
+
+
+def _source_archive(tmp_path: Path, toy_run) -> Path:
+    """Another study's archive holding the finished toy run (3 steps, eval every 2, seed 0) as its
+    seed-0 MAS run, the way runner.keep keeps runs."""
+    from mas_lab.study.runner import keep
+
+    _, run_dir, summary = toy_run
+    archive = tmp_path / "other-archive"
+    sets = ["train.steps=3", "train.eval_every=2", "train.seed=0"]
+    result = {"regime": "MAS team", "seed": 0, "task": str(ROOT / "tasks" / "toy.yaml"), "overrides": sets}
+    result |= {"run_dir": str(run_dir), "wall_s": 7.0, "cpu_s": 9.0, "attempts": 1, "summary": summary}
+    keep(result, archive)
+    return archive / "mas-team"
+
+
+def test_a_study_takes_the_same_run_another_study_kept_instead_of_training_it(tmp_path, toy_run):
+    """reuse: the source's seed 0 resolves to this study's task (placement aside) and is copied into
+    this archive under this study's regime name, marked `reused_from`, reported as taken; nothing is
+    trained (no work folder for the cell); a seed the source lacks is left to run."""
+    from mas_lab.study.driver import run_study
+    from mas_lab.study.families import slug
+    from mas_lab.study.runner import archive_folder
+
+    source = _source_archive(tmp_path, toy_run)
+    path = _toy_study(
+        tmp_path,
+        seeds=[0, 1],
+        set=["train.steps=3", "train.eval_every=2"],
+        tasks=[{"key": "toy", "stem": "toy", "title": "the toy task", "reuse": {"MAS + AT-GRPO": str(source)}}],
+    )
+    families = load_study(path)
+    logged: list[str] = []
+    results = run_study(families, only=["MAS + AT-GRPO"], report_only=True, log=logged.append)["toy"]
+    assert [(r["regime"], r["seed"], r["reused_from"]) for r in results] == [
+        ("MAS + AT-GRPO", 0, str(source / "seed-0"))
+    ]
+    kept = archive_folder(families[0].archive_dir, "MAS + AT-GRPO", 0)
+    assert (kept / "run.db.xz").read_bytes() == (source / "seed-0" / "run.db.xz").read_bytes()
+    assert any("seed 0: the same run kept in" in line for line in logged)
+    assert not (Path(families[0].out) / slug("MAS + AT-GRPO")).exists()  # not trained here
+    assert "1 runs are taken from another study's archive" in (tmp_path / "report.md").read_text()
+    assert [r["status"] for r in study_status(families)] == ["pending", "kept", "pending", "pending"]
+
+
+@pytest.mark.parametrize(
+    "change, field", [("train.steps=2", "train.steps: 2 here, 3 kept"), ("algorithm.lr=0.5", "algorithm.lr: 0.5 here")]
+)
+def test_a_kept_run_that_differs_is_refused_naming_the_field_and_nothing_is_written(tmp_path, toy_run, change, field):
+    source = _source_archive(tmp_path, toy_run)
+    path = _toy_study(
+        tmp_path,
+        seeds=[0],
+        set=["train.steps=3", "train.eval_every=2", change],
+        tasks=[{"key": "toy", "stem": "toy", "reuse": {"MAS + AT-GRPO": str(source)}}],
+    )
+    result = CliRunner().invoke(app, ["study", "run", str(path), "--only", "MAS + AT-GRPO"])
+    assert result.exit_code == 2 and field in result.output and "is not the one this study makes" in result.output
+    assert not (tmp_path / "study").exists() and not (tmp_path / "report.md").exists()
+
+
+def test_placement_and_an_auto_dtype_do_not_make_a_run_different():
+    """tracking and resources say where a run went, not what it is; `dtype: auto` is the dtype the
+    run reported computing in."""
+    from mas_lab.study.reuse import _computed, differences
+
+    ours = {"policies": {"p": {"dtype": "auto", "lr": 1}}, "tracking": {"runs_dir": "a"}, "resources": {"cpus": 1}}
+    kept = {"policies": {"p": {"dtype": "bfloat16", "lr": 1}}, "tracking": {"runs_dir": "b"}, "resources": {"cpus": 2}}
+    assert differences(_computed(ours, {"p": "bfloat16"}), _computed(kept, None)) == []
+    assert differences(_computed(ours, {"p": "float32"}), _computed(kept, None)) == [
+        "policies.p.dtype: 'float32' here, 'bfloat16' kept"
+    ]
+
+
+@pytest.mark.parametrize(
+    "reuse, expected",
+    [({"nobody": "."}, "tasks.0.reuse: 'nobody' is not a regime"), ({"single agent": "nowhere"}, "no such folder")],
+)
+def test_a_reuse_naming_no_regime_or_no_folder_is_a_study_file_error(tmp_path, reuse, expected):
+    path = _toy_study(tmp_path, tasks=[{"key": "toy", "stem": "toy", "reuse": reuse}])
+    with pytest.raises(StudyFileError) as error:
+        load_study(path)
+    assert expected in str(error.value)

@@ -113,7 +113,11 @@ def run_study(
 ) -> dict[str, list[dict]]:
     """Run what is not kept yet, report each task after each of its runs and once at the end;
     returns each task's complete runs."""
+    from mas_lab.study.reuse import take_all
+
     extra = list(extra or [])
+    for taken in take_all(families, seeds, only, extra):  # checked first: a ReuseError writes nothing
+        log(f"[study] {taken['regime']} seed {taken['seed']}: the same run kept in {taken['reused_from']}, taken")
     for family in families:
         Path(family.out).mkdir(parents=True, exist_ok=True)
     todo = [c for c in cells(families, seeds, only) if not c.kept]

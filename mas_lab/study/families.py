@@ -44,6 +44,7 @@ class Family:
     images: str = ""  # the folder of the curves
     command: str = ""  # the command the report names ({key}: this task)
     heading: str = "The paper's comparison at CPU scale"  # the report section's heading, before the title
+    reuse: tuple[tuple[str, str], ...] = ()  # regime -> another study's kept folder of it (mas_lab/study/reuse.py)
 
     @property
     def regimes(self) -> dict[str, tuple[str, list[str]]]:  # name -> (task file, overrides), in order
@@ -89,4 +90,14 @@ def paper_families() -> dict[str, Family]:
     return {f.key: f for f in load_study(PAPER_STUDY, ROOT)}
 
 
-FAMILIES = paper_families()
+_paper: dict[str, Family] = {}
+
+
+def __getattr__(name: str) -> dict[str, Family]:
+    """FAMILIES: studies/paper.yaml's tasks, read on first use (reading it at import would import
+    mas_lab.study.spec, which imports this module, half-made when spec is imported first)."""
+    if name != "FAMILIES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _paper:
+        _paper.update(paper_families())
+    return _paper

@@ -294,6 +294,23 @@ def run_dtype(result: dict) -> str:
     return "+".join(sorted({p.get("dtype", "float32") for p in task.get("policies", {}).values()})) or "float32"
 
 
+def reused_line(results: list[dict]) -> str:
+    """Which runs this study took from another's archive instead of training them again (the same
+    resolved task: mas_lab/study/reuse.py), and from where."""
+    by_source: dict[str, list[str]] = {}
+    for r in results:
+        if r.get("reused_from"):
+            by_source.setdefault(str(Path(r["reused_from"]).parent), []).append(f"{r['regime']} seed {r['seed']}")
+    if not by_source:
+        return ""
+    return (
+        f" {sum(len(v) for v in by_source.values())} runs are taken from another study's archive, the same resolved "
+        "task trained once (`reused_from` in their summary.json): "
+        + "; ".join(f"{', '.join(names)} from `{source}/`" for source, names in by_source.items())
+        + "."
+    )
+
+
 def precision_line(results: list[dict]) -> str:
     """Which runs computed in which dtype: `dtype: auto` is bf16 only on a CPU that has it, so runs
     made on different machines may differ in precision (mas_lab/precision.py)."""
@@ -421,7 +438,8 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         + "."
         + (f" Not yet run: {', '.join(missing)}." if missing else "")
         + " "
-        + precision_line(results),
+        + precision_line(results)
+        + reused_line(results),
         "",
         "Against the baselines without a model (pooled 95% intervals): "
         + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(rows).items()),

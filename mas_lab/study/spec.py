@@ -10,7 +10,8 @@
       - {name: MAS + AT-GRPO per-role LoRA, task: "tasks/{stem}_per_role_lora.yaml", swap: true}
     untrained: {single agent (before RL): single agent + GRPO}
     tasks:
-      - {key: plan_path, stem: plan_path_learns, title: ..., setting: ..., out: ..., archive: ...}
+      - {key: plan_path, stem: plan_path_learns, title: ..., setting: ..., out: ..., archive: ...,
+         reuse: {MAS + AT-GRPO shared: results/other/plan_path/mas--at-grpo-shared}}  # mas_lab/study/reuse.py
     report: {results_md: docs/results.md, images: docs/images}
 
 Paths are relative to the folder `mas-lab study` runs in. A wrong file raises StudyFileError naming
@@ -53,6 +54,11 @@ class TaskSpec(_Strict):
     setting: str = Field("", description="the settings in words, for the report")
     out: str = Field("", description="the work folder of its runs (default: <study out>/<key>)")
     archive: str = Field("", description="where finished runs are kept (default: <work folder>/archive)")
+    reuse: dict[str, str] = Field(
+        {},
+        description="regime name -> another study's kept folder of the same run (its seed-<n> folders): a seed kept "
+        "there with the same resolved task is copied instead of trained again; a different one is refused",
+    )
 
 
 class ReportSpec(_Strict):
@@ -97,6 +103,10 @@ class StudySpec(_Strict):
                 raise ValueError(f"untrained.{row}: '{source}' is not a regime; allowed: {names}")
         for regime in self.regimes:
             _check_overrides(regime.set)
+        for i, task in enumerate(self.tasks):
+            for name in task.reuse:
+                if name not in names:
+                    raise ValueError(f"tasks.{i}.reuse: '{name}' is not a regime; allowed: {names}")
         return self
 
 
@@ -139,6 +149,9 @@ def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
                 raise StudyFileError(f"{path}: {where}: {exc}") from None
             regimes.append(Regime(regime.name, _relative(root, regime.task), tuple(regime.set), regime.swap))
         work = _path(root, task.out) if task.out else out / task.key
+        for name, folder in task.reuse.items():
+            if not _path(root, folder).is_dir():
+                raise StudyFileError(f"{path}: tasks[{t_index}] ({task.key}).reuse.{name}: no such folder {folder}")
         families.append(
             Family(
                 key=task.key,
@@ -159,6 +172,7 @@ def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
                 images=str(_path(root, spec.report.images)) if spec.report.images else str(out / "images"),
                 command=spec.report.command,
                 heading=spec.report.heading,
+                reuse=tuple((name, str(_path(root, folder))) for name, folder in task.reuse.items()),
             )
         )
     return families
