@@ -13,15 +13,18 @@ compressed (`run.db.xz`, as results/reproduce/ keeps them) is unpacked into a te
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import lzma
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mas_lab.algo.groups import GroupStats
 from mas_lab.store import RunStore
 
 if TYPE_CHECKING:
@@ -66,21 +69,7 @@ COLUMNS = {
         "response_tokens",
         "policy_version",
     ],
-    "groups": [
-        "step",
-        "problem_id",
-        "role",
-        "turn",
-        "n",
-        "reward_mean",
-        "reward_std",
-        "reward_min",
-        "reward_max",
-        "adv_min",
-        "adv_max",
-        "zero_std",
-        "kept",
-    ],
+    "groups": ["step", *(f.name for f in dataclasses.fields(GroupStats))],  # one owner: the group statistics
     "events": ["ts", "step", "kind", "message"],
 }
 
@@ -103,6 +92,13 @@ class RunData:
 
         return pd.DataFrame(rows, columns=COLUMNS[name]) if not rows else pd.DataFrame(rows)[COLUMNS[name]]
 
+    def _table(self, read: Callable[[RunStore], list[dict]], name: str) -> "pd.DataFrame":
+        store = self._store()
+        try:
+            return self._frame(read(store), name)
+        finally:
+            store.close()
+
     @functools.cached_property
     def metrics(self) -> "pd.DataFrame":
         import pandas as pd
@@ -118,19 +114,11 @@ class RunData:
 
     @functools.cached_property
     def episodes(self) -> "pd.DataFrame":
-        store = self._store()
-        try:
-            return self._frame(store.episode_table(), "episodes")
-        finally:
-            store.close()
+        return self._table(lambda store: store.episode_table(), "episodes")
 
     @functools.cached_property
     def turns(self) -> "pd.DataFrame":
-        store = self._store()
-        try:
-            return self._frame(store.turn_table(), "turns")
-        finally:
-            store.close()
+        return self._table(lambda store: store.turn_table(), "turns")
 
     @functools.cached_property
     def candidates(self) -> "pd.DataFrame":
@@ -150,19 +138,11 @@ class RunData:
 
     @functools.cached_property
     def groups(self) -> "pd.DataFrame":
-        store = self._store()
-        try:
-            return self._frame(store.group_table(), "groups")
-        finally:
-            store.close()
+        return self._table(lambda store: store.group_table(), "groups")
 
     @functools.cached_property
     def events(self) -> "pd.DataFrame":
-        store = self._store()
-        try:
-            return self._frame(store.events(0.0), "events")
-        finally:
-            store.close()
+        return self._table(lambda store: store.events(0.0), "events")
 
 
 def load_run(path: str | Path) -> RunData:

@@ -3,6 +3,8 @@ per (agent, turn) over all steps, and a group's candidates on selection."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -12,20 +14,7 @@ from textual.widgets import DataTable, Footer, Header, Label, Static
 from mas_lab.algo.groups import GroupStats
 from tui.navigation import FOLLOW_BINDING, STEP_BINDINGS, StepNavigation
 
-COLUMNS = (
-    "problem_id",
-    "role",
-    "turn",
-    "n",
-    "reward_mean",
-    "reward_std",
-    "reward_min",
-    "reward_max",
-    "adv_min",
-    "adv_max",
-    "zero_std",
-    "kept",
-)
+COLUMNS = tuple(f.name for f in dataclasses.fields(GroupStats))  # the statistics of a group, in order
 SORTS = ("problem_id", "reward_mean", "reward_std", "zero_std", "role", "turn")
 
 
