@@ -55,6 +55,33 @@ def test_a_probe_that_fails_once_is_retried(fresh):
 
 
 @needs_bwrap
+def test_a_sandbox_that_cannot_be_set_up_once_is_tried_once_more(fresh):
+    """A momentary setup failure (EAGAIN from clone beside a neighbour's programs) gives the
+    program's own result on the second try; a failure that persists is the status after two."""
+    sandbox.capabilities()  # the probe first: its own programs are not counted here
+    real, calls = sandbox._run_unchecked, []
+
+    def failing(times):
+        def run(code, limits, isolation, stdin, started):
+            calls.append(1)
+            if len(calls) <= times:
+                return sandbox.SandboxResult(
+                    "sandbox_error", "", "bwrap: clone: Resource temporarily unavailable", 0.0, 1
+                )
+            return real(code, limits, isolation, stdin, started)
+
+        return run
+
+    fresh.setattr(sandbox, "_run_unchecked", failing(1))
+    result = run_python("print('hi')")
+    assert result.ok and result.stdout == "hi\n" and len(calls) == 2
+    calls.clear()
+    fresh.setattr(sandbox, "_run_unchecked", failing(5))
+    result = run_python("print('hi')")
+    assert result.status == "sandbox_error" and "Resource temporarily" in result.stderr and len(calls) == 2
+
+
+@needs_bwrap
 def test_bubblewraps_own_failure_is_a_sandbox_error_not_the_programs(fresh):
     command = sandbox._bwrap_command
     fresh.setattr(sandbox, "_bwrap_command", lambda *a: [command(*a)[0], "--no-such-option", *command(*a)[1:]])
