@@ -562,6 +562,7 @@ def ui(
         raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl+C does
 
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # also where SIGINT came inherited as ignored (a background job's)
     try:
         code = server.wait()
     except KeyboardInterrupt:

@@ -158,8 +158,9 @@ def test_ui_serves_the_runs_own_tracking_store(finished):
         assert body and body["run"]["info"]["run_id"] == run_id
         proc.send_signal(signal.SIGINT)  # Ctrl+C to mas-lab alone: it stops the server and its workers
         proc.wait(timeout=60)
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", port))  # nothing listens there any more
+        with socket.socket() as free:  # nothing listens there any more (SO_REUSEADDR: the request's
+            free.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT does not count)
+            free.bind(("127.0.0.1", port))
     finally:
         import os
 
