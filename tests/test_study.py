@@ -412,3 +412,19 @@ def test_a_reuse_naming_no_regime_or_no_folder_is_a_study_file_error(tmp_path, r
     with pytest.raises(StudyFileError) as error:
         load_study(path)
     assert expected in str(error.value)
+
+
+def test_a_run_stopped_by_a_signal_is_not_kept_as_finished(tmp_path, monkeypatch):
+    """A run that a SIGTERM stopped at a step boundary exits 0 with a summary saying `stopped`: the
+    study leaves it unfinished (no summary.json, nothing archived), for the next `mas-lab study` to
+    continue from its checkpoint, instead of reporting a run without its final evaluation."""
+    from mas_lab.study import runner
+
+    fake = tmp_path / "mas-lab"
+    fake.write_text('#!/bin/sh\necho \'{"run_dir": "runs/x", "steps": 13, "stopped": true, "eval_after": null}\'\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(runner, "MAS_LAB", str(fake))
+    family = load_study(_toy_study(tmp_path, seeds=[0]))[0]
+    assert runner.run_regime(family, "MAS + AT-GRPO", 0, Path(family.out), []) is None
+    assert not list(Path(family.out).glob("*/seed-*/summary.json"))
+    assert runner.complete(Path(family.out), family.archive_dir) == []

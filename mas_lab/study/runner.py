@@ -138,6 +138,13 @@ def run_regime(
         )
         return None
     summary = last_json("".join(output))
+    if summary.get("stopped"):  # a signal stopped it with a checkpoint: unfinished, not a result
+        print(
+            f"[study] {family.key}: {name} seed {seed} stopped after step {summary.get('steps')} (a signal); "
+            "not kept: the next `mas-lab study` continues it from its checkpoint",
+            file=sys.stderr,
+        )
+        return None
     result = {
         "regime": name,
         "seed": seed,
