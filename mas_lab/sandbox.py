@@ -285,24 +285,24 @@ def _classify(returncode: int, stderr: str) -> str:
     return "killed" if returncode < 0 else "error"
 
 
-SETUP_RETRIES = 1  # a sandbox that could not be set up is tried once more, after a pause
-
-
 def _run(code: str, limits: Limits, isolation: Isolation, stdin: str = "") -> SandboxResult:
     """One program's result; the machinery's own failure (sandbox_error: bubblewrap could not set up
-    its namespaces, a fork was refused) is retried once, since it is often momentary on a loaded
+    its namespaces, a fork was refused) is tried once more, since it is often momentary on a loaded
     machine (every run is hermetic: trying again cannot see the first try); a second is the status."""
     started = time.monotonic()
-    for attempt in range(SETUP_RETRIES + 1):
-        try:
-            result = _run_unchecked(code, limits, isolation, stdin, started)
-        except Exception as exc:  # the machinery failed (fork refused, no space, ...): a status, never a raise
-            result = SandboxResult("sandbox_error", "", f"{type(exc).__name__}: {exc}", time.monotonic() - started)
-        if result.status != "sandbox_error" or attempt == SETUP_RETRIES:
-            return result
+    result = _attempt(code, limits, isolation, stdin, started)
+    if result.status == "sandbox_error":
         log.warning("sandbox: the sandbox could not be set up (%s); trying once more", result.stderr[-300:].strip())
         time.sleep(0.2)
-    raise AssertionError("unreachable")
+        result = _attempt(code, limits, isolation, stdin, started)
+    return result
+
+
+def _attempt(code: str, limits: Limits, isolation: Isolation, stdin: str, started: float) -> SandboxResult:
+    try:
+        return _run_unchecked(code, limits, isolation, stdin, started)
+    except Exception as exc:  # the machinery failed (fork refused, no space, ...): a status, never a raise
+        return SandboxResult("sandbox_error", "", f"{type(exc).__name__}: {exc}", time.monotonic() - started)
 
 
 def _run_unchecked(code: str, limits: Limits, isolation: Isolation, stdin: str, started: float) -> SandboxResult:
