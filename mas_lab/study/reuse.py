@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mas_lab.study.families import Family
+from mas_lab.study.report import _shown
 from mas_lab.study.runner import STORE, archive_folder
 
 PLACEMENT = ("tracking", "resources")  # where and on how many threads a run went: not what it is
@@ -29,6 +30,7 @@ class Reuse:
     regime: str
     seed: int
     source: Path  # the other study's kept folder of this seed
+    summary: dict  # its summary.json
 
     @property
     def target(self) -> Path:
@@ -80,8 +82,8 @@ def check(family: Family, regime: str, seed: int, extra: list[str]) -> Reuse | N
     if regime not in sources:
         return None
     source = Path(sources[regime]) / f"seed-{seed}"
-    reuse = Reuse(family, regime, seed, source)
-    if (reuse.target / "summary.json").is_file() or not (source / "summary.json").is_file():
+    kept_here = archive_folder(family.archive_dir, regime, seed) / "summary.json"
+    if kept_here.is_file() or not (source / "summary.json").is_file():
         return None
     kept = json.loads((source / "summary.json").read_text())
     try:
@@ -96,7 +98,7 @@ def check(family: Family, regime: str, seed: int, extra: list[str]) -> Reuse | N
             f"({'; '.join(found[:6])}{'; ...' if len(found) > 6 else ''}); remove it from the study's reuse: "
             "or make the task match"
         )
-    return reuse
+    return Reuse(family, regime, seed, source, kept)
 
 
 def take(reuse: Reuse) -> dict:
@@ -106,17 +108,9 @@ def take(reuse: Reuse) -> dict:
     target.mkdir(parents=True, exist_ok=True)
     for name in (STORE, "task.yaml"):
         shutil.copyfile(reuse.source / name, target / name)
-    result = json.loads((reuse.source / "summary.json").read_text())
-    result = {**result, "regime": reuse.regime, "reused_from": _shown(reuse.family, reuse.source)}
+    result = {**reuse.summary, "regime": reuse.regime, "reused_from": _shown(reuse.family, reuse.source)}
     (target / "summary.json").write_text(json.dumps(result, indent=1) + "\n")  # last: it marks the run kept
     return result
-
-
-def _shown(family: Family, path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path(family.root).resolve()))
-    except ValueError:
-        return str(path.resolve())
 
 
 def take_all(families: list[Family], seeds: list[int] | None, only: list[str] | None, extra: list[str]) -> list[dict]:
