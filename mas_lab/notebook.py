@@ -114,11 +114,11 @@ class RunData:
 
     @functools.cached_property
     def episodes(self) -> "pd.DataFrame":
-        return self._table(lambda store: store.episode_table(), "episodes")
+        return self._table(RunStore.episode_table, "episodes")
 
     @functools.cached_property
     def turns(self) -> "pd.DataFrame":
-        return self._table(lambda store: store.turn_table(), "turns")
+        return self._table(RunStore.turn_table, "turns")
 
     @functools.cached_property
     def candidates(self) -> "pd.DataFrame":
@@ -138,7 +138,7 @@ class RunData:
 
     @functools.cached_property
     def groups(self) -> "pd.DataFrame":
-        return self._table(lambda store: store.group_table(), "groups")
+        return self._table(RunStore.group_table, "groups")
 
     @functools.cached_property
     def events(self) -> "pd.DataFrame":
