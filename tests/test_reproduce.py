@@ -171,8 +171,10 @@ def test_an_interrupted_regime_run_resumes_from_its_checkpoint_and_adds_its_time
     driver.join(timeout=60)
     assert first == [None]  # the killed attempt wrote no summary
     assert not (folder / "summary.json").exists()
-    result = reproduce.run_regime(family, "MAS + AT-GRPO shared", 0, tmp_path, extra)
+    # continued by a study on two jobs: the run keeps its settings and takes this call's thread count
+    result = reproduce.run_regime(family, "MAS + AT-GRPO shared", 0, tmp_path, [*extra, "resources.torch_threads=1"])
     assert result is not None and result["attempts"] == 2
+    assert "torch_threads: 1" in (Path(result["run_dir"]) / "task.yaml").read_text()
     segments = json.loads((folder / "segments.json").read_text())
     assert segments[0]["resumed"] is None and segments[1]["resumed"] == result["run_dir"]
     assert all(x["cpu_s"] > 0 and x["wall_s"] > 0 for x in segments)

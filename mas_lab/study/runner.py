@@ -102,7 +102,9 @@ def run_regime(
         return None
     segments_file = folder / "segments.json"
     segments = json.loads(segments_file.read_text()) if resume_dir and segments_file.is_file() else []
-    launch = [MAS_LAB, "run", "--resume", str(resume_dir), "--no-ray"] if resume_dir else command
+    # a resumed run keeps its own settings; only its placement (torch threads of this study's --jobs) follows this call
+    placement = [a for s in sets if s.startswith("resources.") for a in ("--set", s)]
+    launch = [MAS_LAB, "run", "--resume", str(resume_dir), "--no-ray", *placement] if resume_dir else command
     print(f"[study] {family.key}: {name} seed {seed}: {' '.join(launch[1:])}", file=sys.stderr, flush=True)
     segment = {"resumed": str(resume_dir) if resume_dir else None, "wall_s": 0.0, "cpu_s": 0.0, "node": node_label()}
     segments.append(segment)
