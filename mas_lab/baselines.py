@@ -1,4 +1,4 @@
-"""Baselines without a model: the constant answer, and the reading rules of the move games.
+"""Baselines without a model: the constant answer, and the reading rules of the move games and Sudoku.
 
 A policy under RL can raise its success without reading the problem: it can learn one fixed
 answer that happens to solve some problems (the SmolLM2 teams of docs/results.md collapsed onto the
@@ -13,7 +13,9 @@ A team that reads the observation but does not plan is bounded by the reading ru
 of code that read the state and answer (the straight way to the goal rows first, or in the other
 order when that is blocked, or one legal move toward the goal per turn), and the breadth-first
 optimum. The problems the either-order rule does not solve (a detour is needed) form the hard
-split, reported on its own: a team above the rules there has learned to plan, not to read.
+split, reported on its own: a team above the rules there has learned to plan, not to read. Sudoku's
+reading rule fills the blanks its row, column and box force, again and again (no search); it has no
+hard split.
 """
 
 from __future__ import annotations
@@ -73,12 +75,23 @@ def task_baseline(task: "TaskConfig", problems: Sequence[Problem]) -> ConstantBa
 # --- reading rules: what a few lines of code that read the state (no model) solve ---------------------
 @dataclass(frozen=True)
 class Rule:
-    """A baseline that reads the state and answers without a model: `plan(env)` gives the moves it
-    answers on a turn (None: it has no answer)."""
+    """A baseline that reads the state and answers without a model: `plan(env)` gives the items it
+    answers on a turn (moves, or a grid's rows; None: it has no answer)."""
 
     name: str
     label: str  # how the verdict names it
+    row: str  # how a results table names it ("": not a row of its own)
     plan: Callable[[Any], "list[str] | None"]
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """An environment's reading rules, how a plan becomes the answering role's reply, and the rule
+    whose failures form the hard split (None: the environment has no hard split)."""
+
+    rules: tuple[Rule, ...]
+    reply: Callable[[list[str]], str]
+    hard: str | None = None
 
 
 def _either_order(env: Any) -> list[str]:
@@ -88,26 +101,86 @@ def _either_order(env: Any) -> list[str]:
 
 # In the order of the issue that asked for them: each reads more than the one before, except the
 # optimum, which searches. The hard split is the problems `either_order` leaves unsolved.
-MOVE_RULES = (
-    Rule(
-        "rows_first",
-        "the rows-first reading rule (the straight way in one answer, vertical moves first)",
-        lambda env: env.straight_plan(True),
+MOVE_RULES = RuleSet(
+    (
+        Rule(
+            "rows_first",
+            "the rows-first reading rule (the straight way in one answer, vertical moves first)",
+            "reading rule, rows first (no model)",
+            lambda env: env.straight_plan(True),
+        ),
+        Rule(
+            "either_order",
+            "the either-order reading rule (the straight way, columns first when rows first is blocked)",
+            "reading rule, either order (no model)",
+            _either_order,
+        ),
+        Rule(
+            "one_step",
+            "one legal move toward the goal per turn",
+            "one move toward the goal a turn (no model)",
+            lambda env: env.toward_move(),
+        ),
+        Rule("optimum", "the BFS optimum", "", lambda env: env.optimal_plan()),  # its move count is a table's note
     ),
-    Rule(
-        "either_order",
-        "the either-order reading rule (the straight way, columns first when rows first is blocked)",
-        _either_order,
-    ),
-    Rule("one_step", "one legal move toward the goal per turn", lambda env: env.toward_move()),
-    Rule("optimum", "the BFS optimum", lambda env: env.optimal_plan()),
+    reply=lambda moves: "Moves: " + " ".join(moves),
+    hard="either_order",
 )
-HARD_RULE = "either_order"
-RULE_LABELS = {rule.name: rule.label.split(" (")[0] for rule in MOVE_RULES}  # short names for verdicts
 
 
-def play_rule(env_cls: type[Env], problem: Problem, params: EnvParams, rule: Rule, max_turns: int) -> tuple[bool, int]:
-    """Play `rule` as the answering role on every turn of `problem`: (solved, moves answered)."""
+def single_candidates(puzzle: list[list[int]]) -> list[list[int]]:
+    """Sudoku's reading rule: fill every blank whose row, column and box leave one digit, again
+    until none is left with one; then each remaining blank takes the smallest digit still allowed
+    there (1 where none is), so the reply is a whole grid. No search, no backtracking."""
+    from mas_lab.envs.sudoku import allowed_digits
+
+    grid = [row[:] for row in puzzle]
+    forced = True
+    while forced:
+        forced = False
+        for r, row in enumerate(grid):
+            for c, v in enumerate(row):
+                if v == 0 and len(options := allowed_digits(grid, r, c)) == 1:
+                    grid[r][c] = options.pop()
+                    forced = True
+    for r, row in enumerate(grid):
+        for c, v in enumerate(row):
+            if v == 0:
+                grid[r][c] = min(allowed_digits(grid, r, c), default=1)
+    return grid
+
+
+SUDOKU_RULES = RuleSet(
+    (
+        Rule(
+            "single_candidates",
+            "the single-candidate rule (fill each blank its row, column and box allow one digit, repeated)",
+            "single-candidate rule (no model)",
+            lambda env: [" ".join(map(str, row)) for row in single_candidates(env.problem.data["puzzle"])],
+        ),
+    ),
+    reply=lambda rows: "Grid:\n" + "\n".join(rows),
+)
+RULE_SETS = (MOVE_RULES, SUDOKU_RULES)
+RULE_LABELS = {rule.name: rule.label.split(" (")[0] for rules in RULE_SETS for rule in rules.rules}  # verdicts
+RULE_ROWS = {rule.name: rule.row for rules in RULE_SETS for rule in rules.rules if rule.row}  # results tables
+
+
+def rules_of(env_cls: type[Env]) -> RuleSet | None:
+    """The reading rules of an environment: the move games' (they draw a straight way), Sudoku's, or none."""
+    from mas_lab.envs.sudoku import SudokuEnv
+
+    if hasattr(env_cls, "straight_plan"):
+        return MOVE_RULES
+    if issubclass(env_cls, SudokuEnv):
+        return SUDOKU_RULES
+    return None
+
+
+def play_rule(
+    env_cls: type[Env], problem: Problem, params: EnvParams, rule: Rule, max_turns: int, reply=MOVE_RULES.reply
+) -> tuple[bool, int]:
+    """Play `rule` as the answering role on every turn of `problem`: (solved, items answered)."""
     env = env_cls(problem, params)
     moves = 0
     for turn in range(max_turns):
@@ -115,7 +188,7 @@ def play_rule(env_cls: type[Env], problem: Problem, params: EnvParams, rule: Rul
         if not plan:
             break
         moves += len(plan)
-        env.step(env_cls.answer_role, turn, "Moves: " + " ".join(plan))
+        env.step(env_cls.answer_role, turn, reply(plan))
         if env.done:
             break
     return env.success, moves
@@ -123,36 +196,46 @@ def play_rule(env_cls: type[Env], problem: Problem, params: EnvParams, rule: Rul
 
 @dataclass(frozen=True)
 class RuleResults:
-    """Each rule's outcome on each problem of a set, in the set's order."""
+    """Each rule's outcome on each problem of a set, in the set's order, and the rule whose
+    failures form the hard split (None: no hard split)."""
 
     solved: dict[str, list[bool]]
     moves: dict[str, list[int]]
+    hard_rule: str | None = MOVE_RULES.hard
 
     @property
     def hard(self) -> list[bool]:
-        """Which problems the hard split holds: those the either-order reading rule does not solve."""
-        return [not s for s in self.solved[HARD_RULE]]
+        """Which problems the hard split holds: those the hard rule (the move games' either-order
+        reading rule) does not solve; none where the environment has no hard rule."""
+        if self.hard_rule is None:
+            return [False] * len(next(iter(self.solved.values()), []))
+        return [not s for s in self.solved[self.hard_rule]]
 
 
 def rule_results(
     env_cls: type[Env], params: EnvParams, problems: Sequence[Problem], max_turns: int
 ) -> RuleResults | None:
-    """Every reading rule on every problem, or None for an environment without them (not a move game)."""
-    if not hasattr(env_cls, "straight_plan"):
+    """Every reading rule on every problem, or None for an environment without them."""
+    rules = rules_of(env_cls)
+    if rules is None:
         return None
     solved: dict[str, list[bool]] = {}
     moves: dict[str, list[int]] = {}
-    for rule in MOVE_RULES:
-        outcomes = [play_rule(env_cls, p, params, rule, max_turns) for p in problems]
+    for rule in rules.rules:
+        outcomes = [play_rule(env_cls, p, params, rule, max_turns, rules.reply) for p in problems]
         solved[rule.name] = [s for s, _ in outcomes]
         moves[rule.name] = [m for _, m in outcomes]
-    return RuleResults(solved, moves)
+    return RuleResults(solved, moves, rules.hard)
 
 
 def is_hard(env_cls: type[Env], params: EnvParams, problem: Problem, max_turns: int) -> bool:
-    """Whether `problem` belongs to the hard split (the either-order reading rule fails on it)."""
-    rule = next(r for r in MOVE_RULES if r.name == HARD_RULE)
-    return not play_rule(env_cls, problem, params, rule, max_turns)[0]
+    """Whether `problem` belongs to the hard split (the hard rule, the either-order reading rule of
+    the move games, fails on it)."""
+    rules = rules_of(env_cls)
+    if rules is None or rules.hard is None:
+        raise ValueError(f"env '{env_cls.__name__}' has no reading rule that defines a hard split")
+    rule = next(r for r in rules.rules if r.name == rules.hard)
+    return not play_rule(env_cls, problem, params, rule, max_turns, rules.reply)[0]
 
 
 def task_pool(task: "TaskConfig") -> ProblemPool:

@@ -19,15 +19,7 @@ from mas_lab.algo import Group, filter_groups, group_stats
 from mas_lab.algo.credit import assign_advantages
 from mas_lab.backend import PolicyBackend
 from mas_lab.background import Background
-from mas_lab.baselines import (
-    MOVE_RULES,
-    RULE_LABELS,
-    ConstantBaseline,
-    RuleResults,
-    rule_results,
-    task_baseline,
-    task_pool,
-)
+from mas_lab.baselines import RULE_LABELS, ConstantBaseline, RuleResults, rule_results, task_baseline, task_pool
 from mas_lab.config import TaskConfig
 from mas_lab.control import RunControl
 from mas_lab.diagnostics import diagnostics
@@ -72,9 +64,6 @@ def compute_advantages(
     trajectories."""
     trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
     return assign_advantages(trajectories, k, eps, tree, method, step_weight, role_k)
-
-
-RULE_NAMES = [rule.name for rule in MOVE_RULES]
 
 
 def _no_refusals() -> None:
@@ -319,7 +308,7 @@ class Trainer:
             f"success {metrics['eval/success_rate']:.3f} on {len(main)} episodes"
             + (f"; best constant answer {constant.answer!r} {constant.success:.3f}" if constant else "")
             + "".join(
-                f"; {name} {metrics[f'eval/rule/{name}']:.3f}" for name in RULE_NAMES if f"eval/rule/{name}" in metrics
+                f"; {name} {metrics[f'eval/rule/{name}']:.3f}" for name in RULE_LABELS if f"eval/rule/{name}" in metrics
             )
             + hard,
         )
@@ -327,7 +316,8 @@ class Trainer:
 
     def _rule_metrics(self, episodes: list[Episode], samples: int) -> dict[str, float]:
         """The reading rules' success on the evaluation set (eval/rule/NAME with its interval), the
-        BFS optimum's mean move count, and the team's and the rules' success on the hard split."""
+        BFS optimum's mean move count, and the team's and the rules' success on the hard split
+        (where the environment has one)."""
         rules = self.rules
         if rules is None:
             return {}
@@ -336,7 +326,10 @@ class Trainer:
         for name, solved in rules.solved.items():
             out[f"eval/rule/{name}"] = sum(solved[:n]) / n
             out[f"eval/rule/{name}_ci_low"], out[f"eval/rule/{name}_ci_high"] = wilson_interval(sum(solved[:n]), n)
-        out["eval/optimum_moves"] = statistics.fmean(rules.moves["optimum"][:n])
+        if "optimum" in rules.moves:
+            out["eval/optimum_moves"] = statistics.fmean(rules.moves["optimum"][:n])
+        if rules.hard_rule is None:  # no hard split (Sudoku)
+            return out
         if self.pool.hard_set:  # the extra hard problems follow the evaluation set
             hard = list(range(n, len(rules.hard)))
         else:

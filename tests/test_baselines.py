@@ -114,7 +114,7 @@ def test_the_reading_rules_on_hand_made_grids():
     straight ways meet needs a detour (the hard split), which only the optimum and stepping find."""
     from mas_lab.baselines import MOVE_RULES, play_rule, rule_results
 
-    rules = {r.name: r for r in MOVE_RULES}
+    rules = {r.name: r for r in MOVE_RULES.rules}
     env_cls, blocked_rows, params = _plan_path([".#.", "...", "..."], (0, 0), (1, 1))
     assert play_rule(env_cls, blocked_rows, params, rules["rows_first"], 2) == (True, 2)  # D R: no wall in the way
     env_cls, corner, params = _plan_path(["...", "#..", "..."], (0, 0), (1, 1))
@@ -154,7 +154,7 @@ def test_the_sokoban_push_rule_solves_an_open_room_and_fails_round_a_wall():
     from mas_lab.envs import SokobanEnv
     from mas_lab.envs.base import Problem
 
-    rules = {r.name: r for r in MOVE_RULES}
+    rules = {r.name: r for r in MOVE_RULES.rules}
     grid = ["######", "#....#", "#....#", "#....#", "#....#", "######"]
     # box at (2, 2), target (4, 2): walk behind the box (row 1) and push down twice
     open_room = Problem({"grid": grid, "player": [1, 1], "boxes": [[2, 2]], "targets": [[4, 2]], "optimal": 0})
@@ -216,6 +216,67 @@ def test_an_evaluation_stores_the_reading_rules_and_the_hard_split(tmp_path):
     )
     assert said.split("; ")[-1].startswith("below") and said.endswith("and the BFS optimum (1.000)")
     assert "the best constant answer" in said
+
+
+SOLVED_4X4 = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]]
+
+
+def test_the_single_candidate_rule_fills_forced_blanks_and_never_reads_the_solution():
+    """Sudoku's reading rule: blanks whose row, column and box leave one digit, again and again. It
+    reads the puzzle as given (the observation), never the stored solution: with the solution
+    replaced it answers the same, and played through the environment it solves what it fills."""
+    from mas_lab.baselines import SUDOKU_RULES, play_rule, rule_results, single_candidates
+    from mas_lab.envs.sudoku import SudokuEnv
+
+    puzzle = [row[:] for row in SOLVED_4X4]
+    for r, c in [(0, 0), (0, 1), (1, 2), (2, 3), (3, 0), (3, 3)]:
+        puzzle[r][c] = 0
+    assert single_candidates(puzzle) == SOLVED_4X4
+    assert puzzle[0][0] == 0  # the puzzle itself is left as it was
+    # an empty grid forces nothing: the smallest digit still allowed, cell by cell, keeps it legal
+    guessed = single_candidates([[0] * 4 for _ in range(4)])
+    assert guessed[0] == [1, 2, 3, 4] and all(1 <= v <= 4 for row in guessed for v in row)
+    params = SudokuEnv.Params(size=4)
+    rule = SUDOKU_RULES.rules[0]
+    solvable = Problem({"puzzle": puzzle, "solution": SOLVED_4X4})
+    garbled = Problem({"puzzle": puzzle, "solution": [[1] * 4 for _ in range(4)]})
+    assert rule.plan(SudokuEnv(solvable, params)) == rule.plan(SudokuEnv(garbled, params))
+    assert play_rule(SudokuEnv, solvable, params, rule, 1, SUDOKU_RULES.reply)[0]
+    assert not play_rule(SudokuEnv, garbled, params, rule, 1, SUDOKU_RULES.reply)[0]  # success is the env's
+    results = rule_results(SudokuEnv, params, [solvable, garbled], max_turns=2)
+    assert results.solved == {"single_candidates": [True, False]}
+    assert results.hard_rule is None and results.hard == [False, False]  # Sudoku has no hard split
+
+
+def test_a_sudoku_evaluation_stores_the_single_candidate_rule_without_a_hard_split(tmp_path):
+    from conftest import ROOT
+    from fakes import FakeBackend, FakeEngine
+
+    from mas_lab.baselines import RULE_LABELS
+    from mas_lab.config import load_task
+    from mas_lab.reporting import baselines_from_metrics, rules_verdict
+    from mas_lab.store import RunStore
+    from mas_lab.trainer import Trainer
+
+    task = load_task(
+        ROOT / "tasks" / "sudoku.yaml", ["policies.shared.model=tiny-test", "train.eval_problems=8", "train.steps=0"]
+    )
+    trainer = Trainer(task, FakeBackend(FakeEngine(lambda c, n: "Grid:\n1 1 1 1")), RunStore(tmp_path / "run.db"))
+    metrics = trainer.evaluate(0)
+    rule = metrics["eval/rule/single_candidates"]
+    assert metrics["eval/rule/single_candidates_ci_low"] <= rule <= metrics["eval/rule/single_candidates_ci_high"]
+    assert rule == 1.0  # forced cells alone solve every 4x4 puzzle with half its cells blank
+    assert not any(key.startswith("eval/hard/") for key in metrics) and "eval/optimum_moves" not in metrics
+    said = rules_verdict(
+        {
+            "success": metrics["eval/success_rate"],
+            "ci": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
+        },
+        baselines_from_metrics(metrics, RULE_LABELS),
+    )
+    assert "the single-candidate rule" in said
+    events = trainer.store.rows("SELECT message FROM events WHERE kind = 'eval'")
+    assert "single_candidates" in events[-1]["message"]
 
 
 def test_rules_verdict_words():

@@ -28,7 +28,8 @@ def _box(n: int) -> int:
     return int(math.isqrt(n))
 
 
-def _candidates(grid: Grid, r: int, c: int) -> set[int]:
+def allowed_digits(grid: Grid, r: int, c: int) -> set[int]:
+    """The digits that row r, column c and their box leave for cell (r, c)."""
     n, b = len(grid), _box(len(grid))
     used = set(grid[r]) | {grid[i][c] for i in range(n)}
     br, bc = r - r % b, c - c % b
@@ -42,7 +43,7 @@ def count_solutions(grid: Grid, limit: int = 2) -> int:
     for r, row in enumerate(grid):
         for c, v in enumerate(row):
             if v == 0:
-                options = _candidates(grid, r, c)
+                options = allowed_digits(grid, r, c)
                 if best is None or len(options) < len(best[2]):
                     best = (r, c, options)
     if best is None:
@@ -62,7 +63,7 @@ def _fill(grid: Grid, rng: random.Random) -> bool:
     for r, row in enumerate(grid):
         for c, v in enumerate(row):
             if v == 0:
-                options = list(_candidates(grid, r, c))
+                options = list(allowed_digits(grid, r, c))
                 rng.shuffle(options)
                 for option in options:
                     grid[r][c] = option

@@ -106,18 +106,12 @@ def constant_baseline(task_file: str, seed: int, root: Path = families.ROOT):
     )
 
 
-RULE_ROWS = {
-    "rows_first": "reading rule, rows first (no model)",
-    "either_order": "reading rule, either order (no model)",
-    "one_step": "one move toward the goal a turn (no model)",
-}
-
-
 def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT) -> dict[str, dict]:
-    """The move games' reading rules on each seed's held-out problems (mas_lab/baselines.py), as
-    table rows; the note gives the BFS optimum's mean move count and how many problems need a
-    detour (the hard split). Empty for a task without rules."""
-    from mas_lab.baselines import rule_results
+    """The reading rules (mas_lab/baselines.py: the move games' and Sudoku's) on each seed's
+    held-out problems, as table rows; the note of the move games' either-order row gives the BFS
+    optimum's mean move count and how many problems need a detour (the hard split). Empty for a
+    task without rules."""
+    from mas_lab.baselines import RULE_ROWS, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
@@ -128,13 +122,17 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
         pool = ProblemPool(env_cls, task.env.params, seed, task.train.eval_problems)
         found.append(rule_results(env_cls, pool.params, pool.eval_set, task.env.max_turns))
     known = [r for r in found if r is not None]
-    if len(known) != len(found):
+    if not known or len(known) != len(found):
         return {}
-    moves = statistics.fmean(m for r in known for m in r.moves["optimum"])
-    hard = sum(sum(r.hard) for r in known)
     rows = {}
-    for name, label in RULE_ROWS.items():
-        rows[label] = {
+    for name in known[0].solved:
+        if name not in RULE_ROWS:
+            continue
+        note = ""
+        if name == known[0].hard_rule and "optimum" in known[0].moves:
+            moves = statistics.fmean(m for r in known for m in r.moves["optimum"])
+            note = f"BFS optimum: {moves:.2f} moves; {sum(sum(r.hard) for r in known)} problems need a detour"
+        rows[RULE_ROWS[name]] = {
             **cell(
                 [
                     (seed, sum(r.solved[name]) / len(r.solved[name]), len(r.solved[name]))
@@ -144,7 +142,7 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
             "runs": [],
             "seeds": seeds,
             "trained": False,
-            "note": f"BFS optimum: {moves:.2f} moves; {hard} problems need a detour" if name == "either_order" else "",
+            "note": note,
         }
     return rows
 
@@ -153,7 +151,7 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
     """The hard split (held-out problems the either-order reading rule does not solve: a detour is
     needed), where the runs evaluated one: each trained regime's final success there, pooled over
     seeds, beside the rules on the same problems. Empty when no run has one."""
-    from mas_lab.baselines import is_hard, rule_results
+    from mas_lab.baselines import RULE_ROWS, is_hard, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
@@ -182,13 +180,13 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
         )
         found[seed] = rule_results(env_cls, params, pool.hard_set, task.env.max_turns)
     for name, label in RULE_ROWS.items():
-        rows[label] = cell(
-            [
-                (seed, sum(r.solved[name]) / len(r.solved[name]), len(r.solved[name]))
-                for seed, r in found.items()
-                if r is not None and r.solved[name]
-            ]
-        )
+        per_seed = [
+            (seed, sum(r.solved[name]) / len(r.solved[name]), len(r.solved[name]))
+            for seed, r in found.items()
+            if r is not None and r.solved.get(name)
+        ]
+        if per_seed:
+            rows[label] = cell(per_seed)
     lines = ["| on the hard split | held-out success, pooled [95% interval] | per seed |", "|---|---|---|"]
     for name, row in rows.items():
         lines.append(
