@@ -148,8 +148,10 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
     return Run(task, run_dir, store, tracker)
 
 
-# What a resumed task may not change: the checkpoint's weights and groups depend on these.
-FIXED_ON_RESUME = ("env.name", "roles", "policies")
+# What a resumed task may not change: the checkpoint's weights and groups depend on these (the
+# roles' names and policies, the team's shape; a role's K, sampling, alpha, loss weight and prompt may
+# change, as the other settings may: each change is an MLflow tag of the run).
+FIXED_ON_RESUME = ("env.name", "roles[].name", "roles[].policy", "policies")
 
 
 def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
@@ -259,9 +261,11 @@ def _check_cluster(task: TaskConfig) -> None:
 
 
 def _get(data: dict, dotted: str):
-    for part in dotted.split("."):
+    """The value at a dotted key; `list[].field` is that field of every item of the list."""
+    head, _, rest = dotted.partition("[].")
+    for part in head.split("."):
         data = data[part]
-    return data
+    return [_get(item, rest) for item in data] if rest else data
 
 
 def train(

@@ -278,5 +278,35 @@ def test_bad_states_each_get_one_clear_message(straight, tmp_path):
     other = tmp_path / "other.yaml"
     other.write_text(Path(TOY).read_text().replace("policy: shared", "policy: mine").replace("  shared:", "  mine:"))
     result = cli("run", other, "--resume", copy, cwd=tmp_path)
-    assert result.returncode == 2 and "does not match the checkpoint" in result.stderr and "'roles'" in result.stderr
+    assert result.returncode == 2 and "does not match the checkpoint" in result.stderr
+    assert '\'roles[].policy\' was ["shared", "shared"], now ["mine", "mine"]' in result.stderr
     assert digest(copy / "run.db") == store_before  # nothing was overwritten
+
+
+def test_a_finished_run_continues_with_more_steps_and_a_role_sampling_more_candidates(straight, tmp_path):
+    """The team's shape (roles' names and policies) is fixed on resume; a role's K and sampling are
+    not: a finished run continued from its last checkpoint for one more step, the first role with
+    its own K 3 and temperature 0.7, samples 3 candidates per group of that role at step 7 (8 before),
+    and the MLflow run records the changes as tags."""
+    _, run_dir = straight
+    copy = tmp_path / "more"
+    shutil.copytree(run_dir, copy)
+    more = ["--set", "train.steps=7", "--set", "roles.0.k=3", "--set", "roles.0.sampling.temperature=0.7"]
+    result = cli("run", "--resume", copy, *more, cwd=run_dir.parent.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sizes = RunStore(copy / "run.db").rows(
+        "SELECT e.step, t.role, COUNT(*) AS n FROM candidates c JOIN turns t ON c.turn_id = t.id "
+        "JOIN episodes e ON t.episode_id = e.id WHERE e.kind = 'train' AND e.step IN (6, 7) GROUP BY t.id"
+    )
+    assert {(r["step"], r["role"], r["n"]) for r in sizes} == {
+        (6, "first", 8),
+        (6, "second", 8),
+        (7, "first", 3),
+        (7, "second", 8),
+    }
+    from mlflow.tracking import MlflowClient
+
+    store = RunStore(copy / "run.db")
+    meta = store.meta()
+    tags = MlflowClient(meta["mlflow_uri"]).get_run(meta["mlflow_run_id"]).data.tags
+    assert tags.get("mas_lab.resumed.roles.0.k") == "None -> 3", {k: v for k, v in tags.items() if "resumed" in k}
