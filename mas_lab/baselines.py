@@ -177,10 +177,12 @@ def rules_of(env_cls: type[Env]) -> RuleSet | None:
     return None
 
 
-def play_rule(
-    env_cls: type[Env], problem: Problem, params: EnvParams, rule: Rule, max_turns: int, reply=MOVE_RULES.reply
-) -> tuple[bool, int]:
-    """Play `rule` as the answering role on every turn of `problem`: (solved, items answered)."""
+def play_rule(env_cls: type[Env], problem: Problem, params: EnvParams, rule: Rule, max_turns: int) -> tuple[bool, int]:
+    """Play `rule` as the answering role on every turn of `problem`, in the reply form of the
+    environment's rule set: (solved, items answered)."""
+    rules = rules_of(env_cls)
+    if rules is None:
+        raise ValueError(f"env '{env_cls.__name__}' has no reading rules")
     env = env_cls(problem, params)
     moves = 0
     for turn in range(max_turns):
@@ -188,7 +190,7 @@ def play_rule(
         if not plan:
             break
         moves += len(plan)
-        env.step(env_cls.answer_role, turn, reply(plan))
+        env.step(env_cls.answer_role, turn, rules.reply(plan))
         if env.done:
             break
     return env.success, moves
@@ -201,7 +203,7 @@ class RuleResults:
 
     solved: dict[str, list[bool]]
     moves: dict[str, list[int]]
-    hard_rule: str | None = MOVE_RULES.hard
+    hard_rule: str | None
 
     @property
     def hard(self) -> list[bool]:
@@ -222,7 +224,7 @@ def rule_results(
     solved: dict[str, list[bool]] = {}
     moves: dict[str, list[int]] = {}
     for rule in rules.rules:
-        outcomes = [play_rule(env_cls, p, params, rule, max_turns, rules.reply) for p in problems]
+        outcomes = [play_rule(env_cls, p, params, rule, max_turns) for p in problems]
         solved[rule.name] = [s for s, _ in outcomes]
         moves[rule.name] = [m for _, m in outcomes]
     return RuleResults(solved, moves, rules.hard)
@@ -235,7 +237,7 @@ def is_hard(env_cls: type[Env], params: EnvParams, problem: Problem, max_turns: 
     if rules is None or rules.hard is None:
         raise ValueError(f"env '{env_cls.__name__}' has no reading rule that defines a hard split")
     rule = next(r for r in rules.rules if r.name == rules.hard)
-    return not play_rule(env_cls, problem, params, rule, max_turns, rules.reply)[0]
+    return not play_rule(env_cls, problem, params, rule, max_turns)[0]
 
 
 def task_pool(task: "TaskConfig") -> ProblemPool:

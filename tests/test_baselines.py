@@ -241,8 +241,8 @@ def test_the_single_candidate_rule_fills_forced_blanks_and_never_reads_the_solut
     solvable = Problem({"puzzle": puzzle, "solution": SOLVED_4X4})
     garbled = Problem({"puzzle": puzzle, "solution": [[1] * 4 for _ in range(4)]})
     assert rule.plan(SudokuEnv(solvable, params)) == rule.plan(SudokuEnv(garbled, params))
-    assert play_rule(SudokuEnv, solvable, params, rule, 1, SUDOKU_RULES.reply)[0]
-    assert not play_rule(SudokuEnv, garbled, params, rule, 1, SUDOKU_RULES.reply)[0]  # success is the env's
+    assert play_rule(SudokuEnv, solvable, params, rule, 1)[0]
+    assert not play_rule(SudokuEnv, garbled, params, rule, 1)[0]  # success is the env's
     results = rule_results(SudokuEnv, params, [solvable, garbled], max_turns=2)
     assert results.solved == {"single_candidates": [True, False]}
     assert results.hard_rule is None and results.hard == [False, False]  # Sudoku has no hard split
