@@ -98,7 +98,8 @@ class MergedAdapters:
             if a is None or b is None or name.rsplit(".", 1)[-1] not in spec.target_modules:
                 merged[name] = base
                 continue
-            weight = base.float() + scale * (b.float() @ a.float())
+            # the adapter arrives from the learner on the CPU; the base may sit on a GPU
+            weight = base.float() + scale * (b.to(base.device).float() @ a.to(base.device).float())
             merged[name] = torch.nn.Parameter(weight.to(base.dtype), requires_grad=False)
         known = {f"{PEFT_PREFIX}{name}.lora_{x}.weight" for name in self.base for x in "AB"}
         if unknown := sorted(set(state) - known):

@@ -454,7 +454,7 @@ class Learner:
         if optimizer:
             state = torch.load(os.path.join(path, "learner.pt"), weights_only=True, map_location=self.device)
             self.optimizers[name].load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["torch_rng"])
+            torch.set_rng_state(state["torch_rng"].cpu())  # map_location may have moved it onto the GPU
             self.version = state["version"]
             probe = state.get("kl_probe")  # absent in checkpoints from before the KL diagnostic
             if probe:
