@@ -20,16 +20,19 @@ def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
             shutil.copyfileobj(packed, plain)
         store = RunStore(path, create=False)
         try:
-            rows = store.rows(
-                "SELECT step, key, value FROM metrics WHERE key = 'eval/success_rate' OR "
-                "(key LIKE 'reward/%' AND key NOT LIKE 'reward/%/%') OR key LIKE 'grad_norm/%' ORDER BY step"
-            )
+            keys = [k for k in store.metric_keys() if _curve(k)]
+            return {key: store.series(key) for key in keys}
         finally:
             store.close()
-    out: dict[str, list[tuple[int, float]]] = {}
-    for row in rows:
-        out.setdefault(row["key"], []).append((row["step"], row["value"]))
-    return out
+
+
+def _curve(key: str) -> bool:
+    """The curves' metrics: eval success, each role's reward (not its parts), each policy's gradient norm."""
+    return (
+        key == "eval/success_rate"
+        or (key.startswith("reward/") and key.count("/") == 1)
+        or key.startswith("grad_norm/")
+    )
 
 
 def plot(results: list[dict], image: Path, constant: dict | None = None, names: tuple[str, ...] = ()) -> None:
