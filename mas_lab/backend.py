@@ -67,14 +67,24 @@ def check_cluster(address: str, timeout_s: float) -> str | None:
         return f"no Ray cluster answers at {address} within {timeout_s:g} s ({exc.strerror or exc})"
 
 
+def ray_token_available() -> bool:
+    """Whether this machine has a Ray auth token where Ray looks for one: $RAY_AUTH_TOKEN, the file
+    $RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    return os.path.isfile(path)
+
+
 def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
     """Join `address`, or start a local Ray instance. Locally the logical CPUs are at least what
     the actors ask for: rollout and learner phases alternate, so sharing cores is intended (with
     only os.cpu_count() logical CPUs, per-role full models would wait forever to be scheduled)."""
-    if address:
-        # Ray 2.60 clusters started with `ray start` use token auth; the client must ask for it
-        # to read the cluster's token (~/.ray), or every call fails with InvalidAuthToken. Ray
-        # reads this when it is first imported, so it is set before the import.
+    if address and ray_token_available():
+        # Ray 2.60's `ray start --head` turns token auth on where it finds a token (~/.ray); the
+        # client must ask for it to send the token, or every call fails with InvalidAuthToken.
+        # Ray reads this when it is first imported, so it is set before the import. Where no
+        # token exists the head ran without auth, and asking for it would fail ("no token found").
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 

@@ -112,31 +112,35 @@ def cluster_processes(temp_dir: str) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def cluster():
+def cluster(request):
     """A real two-node Ray cluster on this machine (`ray start --head` and a second `ray start
-    --address`, 2 CPUs each, token auth): yields (address, its temp dir); stopped afterwards."""
+    --address`, 2 CPUs each): yields (address, its temp dir); stopped afterwards. By default with
+    token auth, the machine's token made first where it has none (`ray get-auth-token --generate`,
+    what Ray's docs tell a user to do): `ray start --head` turns auth on only where it finds a
+    token, so on a fresh machine the test would otherwise depend on whether an earlier test's
+    local `ray.init()` had made one. Parametrized indirectly with "no-auth", the head, the worker
+    and every process the test starts see an empty home (no token): a cluster without auth."""
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths have a length limit
     port = _free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    if getattr(request, "param", "token") == "no-auth":
+        home = Path(temp_dir) / "home"
+        home.mkdir()
+        env = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")} | {"HOME": str(home)}
+    else:
+        subprocess.run([str(RAY_BIN / "ray"), "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
+        env["RAY_AUTH_MODE"] = "token"
     common = ["--num-cpus", "2", "--temp-dir", temp_dir, "--disable-usage-stats"]
     try:
-        subprocess.run(
-            [str(RAY_BIN / "ray"), "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
-            check=True,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=180,
-        )
-        subprocess.run(
-            [str(RAY_BIN / "ray"), "start", "--address", f"127.0.0.1:{port}", *common],
-            check=True,
-            capture_output=True,
-            text=True,
-            env={**env, "RAY_AUTH_MODE": "token"},
-            timeout=180,
-        )
-        yield f"127.0.0.1:{port}", temp_dir
+        for args in (
+            ["--head", "--port", str(port), "--include-dashboard", "false"],
+            ["--address", f"127.0.0.1:{port}"],
+        ):
+            started = subprocess.run(
+                [str(RAY_BIN / "ray"), "start", *args, *common], capture_output=True, text=True, env=env, timeout=180
+            )
+            assert started.returncode == 0, started.stderr[-3000:]
+        yield f"127.0.0.1:{port}", temp_dir, env
     finally:
         procs = cluster_processes(temp_dir)
         for proc in procs:

@@ -1,5 +1,6 @@
 """A real two-node Ray cluster on this machine: `ray start --head` plus a second `ray start
---address`, each with its own CPUs; a toy run joins it with --address and 2 rollout workers."""
+--address`, each with its own CPUs, with token auth and without; a toy run joins it with --address
+and 2 rollout workers."""
 
 import json
 import subprocess
@@ -17,8 +18,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cluster", ["token", "no-auth"], indirect=True)
 def test_a_toy_run_on_a_two_node_cluster_uses_both_nodes(cluster, tmp_path):
-    address, temp_dir = cluster
+    """With token auth (the token in ~/.ray) and without (a machine with no token, whose head ran
+    without auth: the client must not ask for a token it does not have)."""
+    address, temp_dir, env = cluster
     from conftest import cluster_processes as _ours
 
     proc = subprocess.run(
@@ -34,6 +38,7 @@ def test_a_toy_run_on_a_two_node_cluster_uses_both_nodes(cluster, tmp_path):
             "train.steps=2",
         ],
         cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,

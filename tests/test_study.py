@@ -144,10 +144,9 @@ def test_a_study_on_a_two_node_cluster_runs_two_runs_at_once_and_survives_a_driv
     one per node. The driver is SIGKILLed while runs are in flight; its Ray tasks die with it, and
     their runs get SIGTERM (they checkpoint and free their folders). A second driver does not run a
     kept run again and continues each interrupted run from its checkpoint."""
-    address, _ = cluster
+    address, _, env = cluster
     path = _toy_study(tmp_path, set=["train.steps=12", "train.eval_every=6", "checkpoint.every=1"])
     command = [MAS_LAB, "study", str(path), "--address", address, "--cpus-per-run", "2"]
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
     first = subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
