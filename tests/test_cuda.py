@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 from conftest import ROOT
+from test_curriculum import _record, _run
 from test_learning import engine_of, learner_of, same, two_policy_task
 
 from mas_lab.backend import Backend
@@ -19,8 +20,6 @@ from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
 from mas_lab.models import resolve
 from mas_lab.rollout.engine import HFEngine
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 DTYPES = ["float32", "bfloat16"]
@@ -81,23 +80,14 @@ def test_the_learners_logprobs_equal_the_samplers_on_the_device(device):
     assert gap.max() < 1e-3
 
 
-def _run(task, run_dir, restore_step=None):
-    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(run_dir / "run.db"), run_dir=run_dir)
-    if restore_step is not None:
-        trainer.store.rollback(restore_step)
-        trainer.restore(run_dir / "checkpoints" / f"step-{restore_step:06d}")
-    trainer.run()
-    backend = trainer.backend
-    weights = {p: learner_of(backend.learners[h]).weights(p) for p, h in backend.base_of.items()}
-    backend.shutdown()
-    return weights
+def _final_weights(run_dir):
+    """Every tensor of the last checkpoint's policies (weights or adapters), by file and name."""
+    from safetensors.torch import load_file
 
-
-def _rows(run_dir):
-    return RunStore(run_dir / "run.db").rows(
-        "SELECT e.step, e.kind, e.idx, t.turn, t.role, c.idx, c.response, c.reward, c.advantage FROM candidates c "
-        "JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id ORDER BY e.step, e.kind, e.idx, t.id, c.idx"
-    )
+    last = max((run_dir / "checkpoints").glob("step-*"))
+    return {
+        f"{f.relative_to(last)}:{k}": v for f in sorted(last.rglob("*.safetensors")) for k, v in load_file(f).items()
+    }
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -119,8 +109,9 @@ def test_a_resume_on_the_device_continues_exactly(device, stem, dtype, tmp_path)
         device,
         dtype,
     )
-    straight = _run(task, tmp_path / "straight")
+    _run(task, tmp_path / "straight")
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
-    resumed = _run(task, tmp_path / "resumed", restore_step=2)
-    assert _rows(tmp_path / "resumed") == _rows(tmp_path / "straight")
-    assert straight.keys() == resumed.keys() and all(same(straight[p], resumed[p]) for p in straight)
+    _run(task, tmp_path / "resumed", restore_step=2)
+    assert _record(tmp_path / "resumed") == _record(tmp_path / "straight")  # metrics and every candidate row
+    weights = _final_weights(tmp_path / "straight")
+    assert weights and same(_final_weights(tmp_path / "resumed"), weights)
