@@ -114,7 +114,8 @@ def cluster_processes(temp_dir: str) -> list[psutil.Process]:
 @pytest.fixture
 def cluster(request):
     """A real two-node Ray cluster on this machine (`ray start --head` and a second `ray start
-    --address`, 2 CPUs each): yields (address, its temp dir); stopped afterwards. By default with
+    --address`, 2 CPUs each): yields (address, its temp dir, the environment the head and worker
+    were started with, for the processes the test starts); stopped afterwards. By default with
     token auth, the machine's token made first where it has none (`ray get-auth-token --generate`,
     what Ray's docs tell a user to do): `ray start --head` turns auth on only where it finds a
     token, so on a fresh machine the test would otherwise depend on whether an earlier test's

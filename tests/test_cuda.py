@@ -94,7 +94,7 @@ def _final_weights(run_dir):
 @pytest.mark.parametrize("stem", ["toy", "toy_lora"], ids=["full", "lora"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_resume_on_the_device_continues_exactly(device, stem, dtype, tmp_path):
-    """3 steps straight = 2 steps, a checkpoint, a new process's load of it (map_location on the device), 1 step."""
+    """3 steps straight = 2 steps, a checkpoint, a fresh trainer's load of it (map_location on the device), 1 step."""
     task = on(
         load_task(
             ROOT / "tasks" / f"{stem}.yaml",
