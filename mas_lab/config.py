@@ -230,6 +230,13 @@ class Algorithm(_Strict):
         "continuation per candidate)",
     )
     step_weight: float = Field(1.0, ge=0.0, description="gigpo: weight of the step advantage (omega in GiGPO's Eq. 8)")
+    step_gamma: float = Field(
+        0.95,
+        ge=0.0,
+        le=1.0,
+        description="gigpo: discount of the step return G_t = r_t + step_gamma * G_{t+1} along a trajectory's "
+        "actions, what the step advantage normalises (GiGPO's step return; verl-agent's default 0.95)",
+    )
 
     @field_validator("k")
     @classmethod

@@ -57,13 +57,14 @@ def compute_advantages(
     method: str = "at_grpo",
     step_weight: float = 1.0,
     role_k: dict[str, int] | None = None,
+    step_gamma: float = 0.95,
 ) -> list[Group]:
     """Build the groups of a step, check their invariants, and set each candidate's advantage by
     `method` (algo/credit.py). Tree (at_grpo): groups (problem, agent, turn) of K candidates from one
     observation (Sec. 4.1); otherwise (mas_grpo, single_agent): groups (problem) of K independent
     trajectories."""
     trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
-    return assign_advantages(trajectories, k, eps, tree, method, step_weight, role_k)
+    return assign_advantages(trajectories, k, eps, tree, method, step_weight, role_k, step_gamma)
 
 
 def _no_refusals() -> None:
@@ -172,7 +173,9 @@ class Trainer:
 
         _no_refusals()
         role_k = {r.name: r.k for r in task.roles if r.k is not None}
-        groups = compute_advantages(episodes, algo.k, algo.std_eps, self.tree, algo.advantage, algo.step_weight, role_k)
+        groups = compute_advantages(
+            episodes, algo.k, algo.std_eps, self.tree, algo.advantage, algo.step_weight, role_k, algo.step_gamma
+        )
         kept, report = filter_groups(groups, algo.filter)
         kept_keys = {g.key for g in kept}
         samples: dict[str, list[Sample]] = {name: [] for name in task.policies}

@@ -60,7 +60,8 @@ def test_dr_mas_normalises_per_agent_over_its_turns():
 
 def test_gigpo_adds_a_step_advantage_among_samples_that_met_the_same_observation():
     """Three trajectories of one problem: the first agent's observation is the same in all three
-    (an anchor state); its step rewards 1, 0, 0 add their own normalised advantage to the episode's."""
+    (an anchor state); the normalised discounted returns from its action on (its reward plus
+    gamma times the second agent's, GiGPO's Eq. 7) add to the episode's advantage."""
     trajectories = []
     for j, (first, second) in enumerate([(1.0, 1.0), (0.0, 0.0), (0.0, 1.0)]):
         trajectories.append(
@@ -73,14 +74,61 @@ def test_gigpo_adds_a_step_advantage_among_samples_that_met_the_same_observation
             )
         )
     episode = grpo_advantages([statistics.fmean([a.reward, b.reward]) for _, (a, b) in trajectories])
-    step = grpo_advantages([1.0, 0.0, 0.0])
-    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", step_weight=0.5)
+    step = grpo_advantages([1.0 + 0.9 * 1.0, 0.0 + 0.9 * 0.0, 0.0 + 0.9 * 1.0])  # by hand: r_a + gamma * r_b
+    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", step_weight=0.5, step_gamma=0.9)
     for j, (_, (a, b)) in enumerate(trajectories):
         assert a.advantage == pytest.approx(episode[j] + 0.5 * step[j])
         assert b.advantage == pytest.approx(episode[j])  # its observations all differ: no step group
     assert [len(g) for g in build_step_groups([c for _, unit in trajectories for c in unit])] == [3]
+    # the second agent's return counts: with gamma 0 the anchor's step advantage sees 1, 0, 0
+    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", step_weight=0.5, step_gamma=0.0)
+    own = grpo_advantages([1.0, 0.0, 0.0])
+    assert [a.advantage for _, (a, _) in trajectories] == pytest.approx([e + 0.5 * s for e, s in zip(episode, own)])
+    assert own[2] != pytest.approx(step[2])  # the third trajectory's later success changes its anchor credit
     with pytest.raises(ValueError, match="independent trajectories"):
         assign_advantages(trajectories, 3, 1e-6, True, "gigpo")
+
+
+def test_step_returns_by_hand():
+    """G_t = r_t + gamma * G_{t+1} along each trajectory's actions, 0 after the last."""
+    from mas_lab.algo.credit import step_returns
+
+    a, b, c = cand(reward=1.0), cand(reward=0.0), cand(reward=2.0)
+    d = cand(reward=5.0)
+    returns = step_returns([("p", [a, b, c]), ("p", [d])], 0.5)
+    assert [returns[id(x)] for x in (a, b, c, d)] == pytest.approx([1.0 + 0.5 * (0.0 + 0.5 * 2.0), 1.0, 2.0, 5.0])
+
+
+def test_gigpo_advantages_recomputed_from_a_real_runs_store(tmp_path):
+    """A real toy step in trajectory mode with gigpo: each episode's stored candidates, in the order
+    they acted, regrouped by their stored prompt hashes and run through the method again, give the
+    stored advantages."""
+    from conftest import ROOT
+
+    from mas_lab.backend import Backend
+    from mas_lab.config import load_task
+    from mas_lab.store import RunStore
+    from mas_lab.trainer import Trainer
+
+    overrides = ["algorithm.mode=mas_grpo", "algorithm.advantage=gigpo", "algorithm.step_gamma=0.8", "train.steps=1"]
+    task = load_task(ROOT / "tasks" / "toy.yaml", overrides)
+    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
+    trainer.train_step(1)
+    rows = trainer.store.rows(
+        "SELECT e.id AS episode, e.problem_id, t.role, t.turn, c.idx, c.reward, c.prompt_hash, c.advantage FROM"
+        " candidates c JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id"
+        " WHERE e.kind = 'train' ORDER BY e.id, t.turn, t.id, c.id"
+    )
+    episodes: dict = {}
+    for r in rows:
+        c = cand(r["problem_id"], r["role"], r["turn"], r["idx"], r["reward"], prompt=(int(r["prompt_hash"], 16),))
+        episodes.setdefault(r["episode"], (r["problem_id"], []))[1].append(c)
+    trajectories = list(episodes.values())
+    assert {len(unit) for _, unit in trajectories} == {4}  # 2 agents x 2 turns, one action each
+    assert any(len(g) > 1 for g in build_step_groups([c for _, unit in trajectories for c in unit]))
+    assign_advantages(trajectories, task.algorithm.k, task.algorithm.std_eps, False, "gigpo", step_gamma=0.8)
+    rebuilt = [c.advantage for _, unit in trajectories for c in unit]
+    assert rebuilt == pytest.approx([r["advantage"] for r in rows], abs=1e-5)
 
 
 @pytest.mark.parametrize("method", ["at_grpo", "rloo", "dr_mas", "counterfactual"])

@@ -14,7 +14,9 @@ per problem), so the methods can be compared on identical data. Formulas: docs/a
 - `gigpo`: GiGPO (Feng et al. 2025, arXiv 2505.10978), trajectory modes only: the episode
   advantage of trajectory GRPO (Eq. 3 there) plus `step_weight` times a step advantage within
   step groups, the samples of one problem's K trajectories that met the identical observation
-  (anchor states, Eq. 6-7: same role and prompt), each sample's own reward as its step reward.
+  (anchor states: same role and prompt), normalising each sample's discounted return from its
+  action on, G_t = r_t + gamma * G_{t+1} along its trajectory's actions (`step_gamma`;
+  verl-agent's `compute_step_discounted_returns`).
 - `counterfactual`: C3 (Chen et al. 2026, arXiv 2603.06859) on the tree: each candidate's branch
   is continued to the end of its episode by the current policy, greedily (episodes.py,
   counterfactual_outcomes), and its credit is alpha * the continued branch's final team value plus
@@ -43,6 +45,7 @@ def assign_advantages(
     method: str = "at_grpo",
     step_weight: float = 1.0,
     role_k: dict[str, int] | None = None,
+    step_gamma: float = 0.95,
 ) -> list[Group]:
     """Build the groups `method` needs from a step's trajectories (problem id, its candidates in
     order), check them, and set every candidate's advantage. Returns the groups that carry the
@@ -76,10 +79,24 @@ def assign_advantages(
             rloo_advantages(group.rewards) if method == "rloo" else grpo_advantages(group.rewards, eps)
         )
     if method == "gigpo":
+        returns = step_returns(trajectories, step_gamma)
         for step_group in build_step_groups(candidates):
-            for candidate, advantage in zip(step_group, grpo_advantages([c.reward for c in step_group], eps)):
+            for candidate, advantage in zip(step_group, grpo_advantages([returns[id(c)] for c in step_group], eps)):
                 candidate.advantage += step_weight * advantage
     return groups
+
+
+def step_returns(trajectories: list[tuple[str, list[Candidate]]], gamma: float) -> dict[int, float]:
+    """GiGPO's step return, what its step groups compare (verl-agent's
+    `compute_step_discounted_returns`): along each trajectory's actions in order,
+    G_t = r_t + gamma * G_{t+1}, G after the last action 0. Keyed by id(candidate)."""
+    returns: dict[int, float] = {}
+    for _, unit in trajectories:
+        running = 0.0
+        for candidate in reversed(unit):
+            running = candidate.reward + gamma * running
+            returns[id(candidate)] = running
+    return returns
 
 
 def build_agent_groups(candidates: list[Candidate]) -> list[Group]:
