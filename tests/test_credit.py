@@ -61,7 +61,7 @@ def test_dr_mas_normalises_per_agent_over_its_turns():
 def test_gigpo_adds_a_step_advantage_among_samples_that_met_the_same_observation():
     """Three trajectories of one problem: the first agent's observation is the same in all three
     (an anchor state); the normalised discounted returns from its action on (its reward plus
-    gamma times the second agent's, GiGPO's Eq. 7) add to the episode's advantage."""
+    gamma times the second agent's, GiGPO's step return) add to the episode's advantage."""
     trajectories = []
     for j, (first, second) in enumerate([(1.0, 1.0), (0.0, 0.0), (0.0, 1.0)]):
         trajectories.append(
