@@ -427,3 +427,31 @@ def test_a_run_stopped_by_a_signal_is_not_kept_as_finished(tmp_path, monkeypatch
     assert runner.run_regime(family, "MAS + AT-GRPO", 0, Path(family.out), []) is None
     assert not list(Path(family.out).glob("*/seed-*/summary.json"))
     assert runner.complete(Path(family.out), family.archive_dir) == []
+
+
+def test_a_run_killed_by_sigkill_is_named_as_such_and_its_peak_memory_recorded(tmp_path, monkeypatch, capsys):
+    """A run the kernel's out-of-memory killer ends exits by SIGKILL: the study says so in words
+    (not `exit -9`), keeps nothing, and records the attempt's peak memory for choosing --jobs."""
+    from mas_lab.study import runner
+
+    fake = tmp_path / "mas-lab"
+    fake.write_text("#!/bin/sh\nkill -9 $$\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(runner, "MAS_LAB", str(fake))
+    family = load_study(_toy_study(tmp_path, seeds=[0]))[0]
+    assert runner.run_regime(family, "MAS + AT-GRPO", 0, Path(family.out), []) is None
+    err = capsys.readouterr().err
+    assert "killed by SIGKILL" in err and "out-of-memory" in err and "exit -9" not in err
+    (segments,) = [json.loads(p.read_text()) for p in Path(family.out).glob("*/seed-0/segments.json")]
+    assert segments[-1]["max_rss_mb"] >= 0
+    assert not list(Path(family.out).glob("*/seed-*/summary.json"))
+
+
+@pytest.mark.parametrize(
+    "code, words",
+    [(1, "exit 1"), (2, "exit 2"), (-signal.SIGTERM, "killed by SIGTERM"), (-signal.SIGKILL, "out-of-memory")],
+)
+def test_describe_exit_names_the_signal(code, words):
+    from mas_lab.study.runner import describe_exit
+
+    assert words in describe_exit(code)

@@ -8,6 +8,7 @@ import json
 import lzma
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +26,23 @@ STORE = "run.db.xz"  # a kept run's store, in its archive folder
 
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def describe_exit(code: int) -> str:
+    """A failed run's exit status in words: a negative code is the signal that ended it, and
+    SIGKILL from nobody in particular is most often the kernel's out-of-memory killer."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"killed by signal {-code}"
+    if name == "SIGKILL":
+        return (
+            "killed by SIGKILL, most often the out-of-memory killer (see `dmesg`; each attempt's peak "
+            "memory is max_rss_mb in segments.json): run fewer jobs at once"
+        )
+    return f"killed by {name}"
 
 
 def process_cpu(pid: int) -> float:
@@ -131,11 +149,16 @@ def run_regime(
                 segments_file.write_text(json.dumps(segments, indent=1))
             time.sleep(0.5)
         reader.join()
-    segment.update(wall_s=round(time.perf_counter() - started, 1), cpu_s=round(usage.ru_utime + usage.ru_stime, 1))
+    segment.update(
+        wall_s=round(time.perf_counter() - started, 1),
+        cpu_s=round(usage.ru_utime + usage.ru_stime, 1),
+        max_rss_mb=round(usage.ru_maxrss / 1024),  # Linux: kilobytes; the run's peak resident memory
+    )
     segments_file.write_text(json.dumps(segments, indent=1))
     if proc.returncode != 0:
         print(
-            f"[study] {family.key}: {name} seed {seed} failed (exit {proc.returncode}); see {folder / 'run.log'}",
+            f"[study] {family.key}: {name} seed {seed} failed ({describe_exit(proc.returncode)}); the next "
+            f"`mas-lab study run` continues it from its checkpoint if it wrote one; see {folder / 'run.log'}",
             file=sys.stderr,
         )
         return None
