@@ -289,4 +289,8 @@ def test_the_hard_split_table_puts_the_team_beside_the_rules_on_the_same_problem
     either = next(line for line in lines if line.startswith("| reading rule, either order"))
     assert either.startswith("| reading rule, either order (no model) | 0.000 ")
     assert hard_table([{**runs[0], "summary": {"eval_after": 0.5}}], family) == []
+    # a task with no separate hard split: the run's detour problems inside its main set (here 1) get no table
+    letters = [{**runs[0], "task": "tasks/plan_path_learns.yaml"}]
+    letters[0]["summary"] = {"eval_after": 0.7, "hard_after": {"success": 0.0, "problems": 1, "ci": [0.0, 0.79]}}
+    assert hard_table(letters, reproduce.FAMILIES["plan_path"]) == []
     assert reproduce.FAMILIES["plan_path_tool"].stem == "plan_path_tool"

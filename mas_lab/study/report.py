@@ -150,13 +150,19 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
 def hard_table(results: list[dict], family: Family) -> list[str]:
     """The hard split (held-out problems the either-order reading rule does not solve: a detour is
     needed), where the runs evaluated one: each trained regime's final success there, pooled over
-    seeds, beside the rules on the same problems. Empty when no run has one."""
+    seeds, beside the rules on the same problems. Empty when no run has one, and when the task
+    evaluates no separate hard split (`train.hard_eval_problems: 0`): its runs then report the few
+    detour problems inside the main set (6 of 192 over the Plan-Path letters seeds), which the either-order
+    row counts ("N problems need a detour") and which are too few for a table of their own."""
     from mas_lab.baselines import RULE_ROWS, is_hard, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
     with_hard = [r for r in results if (r["summary"].get("hard_after") or {}).get("problems")]
     if not with_hard:
+        return []
+    task = load_task(Path(family.root) / with_hard[0]["task"])
+    if not task.train.hard_eval_problems:
         return []
     rows: dict[str, dict] = {}
     for name in family.names:
@@ -165,7 +171,6 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
             hard = [r["summary"]["hard_after"] for r in runs]
             rows[name] = cell([(r["seed"], h["success"], h["problems"]) for r, h in zip(runs, hard)])
     seeds = sorted({r["seed"] for r in with_hard})
-    task = load_task(Path(family.root) / with_hard[0]["task"])
     env_cls = ENVS[task.env.name]
     params = env_cls.Params.coerce(task.env.params)
     found = {}
