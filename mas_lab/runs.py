@@ -31,6 +31,7 @@ from mas_lab.config import (
 )
 from mas_lab.control import acquire_lock, release_lock
 from mas_lab.progress import Progress, ProgressEvent
+from mas_lab.provenance import code_version
 from mas_lab.sandbox import SandboxUnavailable
 from mas_lab.store import RunStore, StoreError
 from mas_lab.tracking import Tracker, resolve_uri
@@ -132,6 +133,7 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
         tracker.log_params(flat_params(task))
         tracker.log_artifact(run_dir / "task.yaml")
         tracker.set_tag("mas_lab.kind", "train")
+        tracker.set_tag("mas_lab.code", code_version())
         store.set_meta(
             run_id=run_dir.name,
             task=task.model_dump(mode="json"),
@@ -139,6 +141,7 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
             mlflow_uri=uri,
             mlflow_run_id=tracker.run_id,
             status="starting",
+            code=[code_version()],
         )
     except BaseException:
         release_lock(run_dir)
@@ -229,7 +232,11 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
     if stale:
         store.event(saved["step"], "control", f"dropped requests left by the previous process: {stale}")
     (run_dir / "task.yaml").write_text(task_to_yaml(task))
-    store.set_meta(mlflow_uri=uri, task=task.model_dump(mode="json"))
+    code = list(meta.get("code") or ["unrecorded"])
+    if code[-1] != code_version():  # the run goes on with other code: both are recorded, and said
+        store.event(saved["step"], "code", f"resumed with mas_lab code {code_version()} (until now {code[-1]})")
+        code.append(code_version())
+    store.set_meta(mlflow_uri=uri, task=task.model_dump(mode="json"), code=code)
     old = flat_params(before)
     changed = {k: v for k, v in flat_params(task).items() if old.get(k) != v}
     if changed:  # MLflow params cannot change: the new values become tags, the artifact is replaced
@@ -301,7 +308,7 @@ def train(
                 run.store.event(trainer.step, "placement", "actors on nodes: " + json.dumps(backend.placement()))
                 dtypes = _record_precision(run, trainer.step, backend.precision(), tell)
                 _stop_on_signals(trainer, on_signal)
-                summary = {**trainer.run(progress), "precision": dtypes}
+                summary = {**trainer.run(progress), "precision": dtypes, "code": run.store.meta().get("code", [])}
                 break
             except SandboxUnavailable as exc:
                 raise RunError(f"sandbox: {exc}") from None

@@ -389,6 +389,36 @@ def test_a_kept_run_that_differs_is_refused_naming_the_field_and_nothing_is_writ
     assert not (tmp_path / "study").exists() and not (tmp_path / "report.md").exists()
 
 
+@pytest.mark.parametrize(
+    "code, said",
+    [
+        (None, "records no code fingerprint"),
+        (["0123456789abcdef"], "was trained by other mas_lab code (0123456789abcdef"),
+    ],
+)
+def test_a_kept_run_made_by_other_code_is_refused_and_nothing_is_written(tmp_path, toy_run, code, said):
+    """The same resolved task trained by changed code is not the same run: reuse refuses a kept run
+    whose recorded code fingerprint is missing (made before runs recorded one) or differs."""
+    import json
+
+    source = _source_archive(tmp_path, toy_run)
+    kept = source / "seed-0" / "summary.json"
+    result = json.loads(kept.read_text())
+    result["summary"].pop("code")
+    if code is not None:
+        result["summary"]["code"] = code
+    kept.write_text(json.dumps(result))
+    path = _toy_study(
+        tmp_path,
+        seeds=[0],
+        set=["train.steps=3", "train.eval_every=2"],
+        tasks=[{"key": "toy", "stem": "toy", "reuse": {"MAS + AT-GRPO": str(source)}}],
+    )
+    result = CliRunner().invoke(app, ["study", "run", str(path), "--only", "MAS + AT-GRPO"])
+    assert result.exit_code == 2 and said in " ".join(result.output.split())
+    assert not (tmp_path / "study").exists() and not (tmp_path / "report.md").exists()
+
+
 def test_placement_and_an_auto_dtype_do_not_make_a_run_different():
     """tracking and resources say where a run went, not what it is; `dtype: auto` is the dtype the
     run reported computing in."""

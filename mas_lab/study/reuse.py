@@ -3,8 +3,10 @@ study's AT-GRPO and trajectory-GRPO arms are the paper study's MAS + AT-GRPO sha
 trajectory GRPO) is copied into this study's archive instead of being trained again, but only when
 it is the same run: the same resolved task (task file, every override, the seed), placement aside
 (`tracking`: where it was written; `resources`: threads and CPUs) and `dtype: auto` read as the
-dtype the run computed in. A kept run that differs in anything else is refused, naming the fields,
-before anything is written; a seed the other study has not kept is simply run here."""
+dtype the run computed in, trained by the same code (the package fingerprint each run records,
+mas_lab/provenance.py: a changed trainer makes a different run of the same task file). A kept run
+that differs in anything else is refused, naming the fields, before anything is written; a seed
+the other study has not kept is simply run here."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from mas_lab.provenance import code_version
 from mas_lab.study.families import Family
 from mas_lab.study.report import _shown
 from mas_lab.study.runner import STORE, archive_folder
@@ -97,6 +100,17 @@ def check(family: Family, regime: str, seed: int, extra: list[str]) -> Reuse | N
             f"{family.key}: {regime} seed {seed}: the run kept in {source} is not the one this study makes "
             f"({'; '.join(found[:6])}{'; ...' if len(found) > 6 else ''}); remove it from the study's reuse: "
             "or make the task match"
+        )
+    made_by, here = kept.get("summary", {}).get("code") or [], code_version()
+    if made_by != [here]:
+        said = (
+            "records no code fingerprint (made before runs recorded one)"
+            if not made_by
+            else f"was trained by other mas_lab code ({' then '.join(made_by)}; here {here})"
+        )
+        raise ReuseError(
+            f"{family.key}: {regime} seed {seed}: the run kept in {source} {said}, so it cannot be shown to be "
+            "the run this study makes; remove it from the study's reuse: to train it here"
         )
     return Reuse(family, regime, seed, source, kept)
 
