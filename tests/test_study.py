@@ -4,6 +4,7 @@ real two-node Ray cluster that survives a kill of its driver."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -328,6 +329,39 @@ def test_gradient_norm_spikes_are_counted_per_regime_from_the_kept_stores(tmp_pa
     lines = grad_spikes(results)
     assert lines[0].startswith("A: 3 over 2 runs (the largest norm 3.5x")
     assert lines[1].startswith("B: 0 over 1 run (the largest norm 2.6x")
+
+
+def test_the_report_says_which_arms_of_a_seed_began_from_the_same_replies(tmp_path, toy_run):
+    """Arms whose first held-out evaluation has the same greedy replies are paired; one reply
+    changed in a run's first evaluation puts that run in a group of its own; a later evaluation
+    does not count."""
+    import lzma
+    import sqlite3
+
+    from mas_lab.study.report import starts_line
+
+    def packed(name, change=None):
+        db = tmp_path / f"{name}.db"
+        shutil.copyfile(toy_run[1] / "run.db", db)
+        if change:
+            with sqlite3.connect(db) as conn:
+                conn.execute(change)
+            conn.close()
+        (tmp_path / f"{name}.db.xz").write_bytes(lzma.compress(db.read_bytes()))
+        return str(tmp_path / f"{name}.db.xz")
+
+    first = "(SELECT min(step) FROM episodes WHERE kind != 'train')"
+    changed = (
+        "UPDATE candidates SET response = response || ' ' WHERE id = (SELECT min(c.id) FROM candidates c "
+        f"JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id WHERE e.kind != 'train' "
+        f"AND e.step {{}} {first})"
+    )
+    same, later, other = packed("same"), packed("later", changed.format(">")), packed("other", changed.format("="))
+    runs = [{"regime": name, "seed": 0, "store": store} for name, store in (("A", same), ("B", later))]
+    assert starts_line(runs).startswith("Paired starts: on seed 0, every regime's first held-out evaluation")
+    said = starts_line([*runs, {"regime": "C", "seed": 0, "store": other}])
+    assert said.startswith("Starting points") and said.endswith("seed 0: A, B | C.")
+    assert starts_line([runs[0], {**runs[1], "seed": 1}]) == ""  # no seed with two arms: nothing to pair
 
 
 def _source_archive(tmp_path: Path, toy_run) -> Path:

@@ -3,15 +3,22 @@ bold, the constant answer's band) and the training reward of each role."""
 
 from __future__ import annotations
 
+import contextlib
 import lzma
 import shutil
 import statistics
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mas_lab.store import RunStore
 
 
-def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
-    """eval success, reward per role and gradient norm per policy against steps, from the run's kept store."""
+@contextlib.contextmanager
+def kept_store(result: dict) -> Iterator[RunStore]:
+    """The run's kept store (run.db.xz), unpacked into a temporary folder for reading."""
     from mas_lab.store import RunStore
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -20,10 +27,16 @@ def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
             shutil.copyfileobj(packed, plain)
         store = RunStore(path, create=False)
         try:
-            keys = [k for k in store.metric_keys() if _curve(k)]
-            return {key: store.series(key) for key in keys}
+            yield store
         finally:
             store.close()
+
+
+def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
+    """eval success, reward per role and gradient norm per policy against steps, from the run's kept store."""
+    with kept_store(result) as store:
+        keys = [k for k in store.metric_keys() if _curve(k)]
+        return {key: store.series(key) for key in keys}
 
 
 def _curve(key: str) -> bool:

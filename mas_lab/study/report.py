@@ -15,7 +15,7 @@ from pathlib import Path
 from mas_lab.reporting import wilson_interval
 from mas_lab.study import families
 from mas_lab.study.families import Family, slug
-from mas_lab.study.plots import curves, plot
+from mas_lab.study.plots import curves, kept_store, plot
 
 
 def cell(rates: list[tuple[int, float, int]]) -> dict:
@@ -342,6 +342,54 @@ def swap_lines(results: list[dict]) -> list[str]:
     return lines
 
 
+def start_digest(result: dict) -> str | None:
+    """sha256 of the run's first held-out evaluation: every greedy reply of every turn, in
+    (problem, turn, role, candidate) order. Two runs with the same digest started training from
+    the same model on the same problems; None for a run with no evaluation."""
+    import hashlib
+
+    with kept_store(result) as store:
+        rows = store.rows(
+            "SELECT e.idx, t.turn, t.role, c.idx AS candidate, c.response FROM episodes e "
+            "JOIN turns t ON t.episode_id = e.id JOIN candidates c ON c.turn_id = t.id "
+            "WHERE e.kind != 'train' AND e.step = (SELECT min(step) FROM episodes WHERE kind != 'train') "
+            "ORDER BY e.kind, e.idx, t.turn, t.role, c.idx"
+        )
+    if not rows:
+        return None
+    return hashlib.sha256(json.dumps([list(r.values()) for r in rows]).encode()).hexdigest()
+
+
+def starts_line(results: list[dict]) -> str:
+    """Whether a seed's arms are paired: the regimes of one seed that began from the same
+    before-RL replies (start_digest) differ by their training only; arms that began apart (another
+    team, warm-up or code) are compared through the pooled intervals alone."""
+    by_seed: dict[int, dict[str | None, list[str]]] = {}
+    for r in results:
+        by_seed.setdefault(r["seed"], {}).setdefault(start_digest(r), []).append(r["regime"])
+    shared = {seed: groups for seed, groups in by_seed.items() if sum(map(len, groups.values())) > 1}
+    if not shared:
+        return ""
+    apart = {seed: groups for seed, groups in shared.items() if len(groups) > 1}
+    if not apart:
+        return (
+            "Paired starts: on seed"
+            + ("s " if len(shared) > 1 else " ")
+            + ", ".join(map(str, sorted(shared)))
+            + ", every regime's first held-out evaluation has the same greedy replies, byte for byte (the same "
+            "model after the warm-up, on the same problems), so a seed's arms differ by their training only."
+        )
+    said = "; ".join(
+        f"seed {seed}: " + " | ".join(", ".join(names) for names in groups.values())
+        for seed, groups in sorted(apart.items())
+    )
+    return (
+        "Starting points (each run's first held-out evaluation, its greedy replies compared byte for byte; "
+        "regimes in one group began from the same model on the same problems, so their same-seed values are "
+        "paired; | separates groups that began apart: another team, warm-up or code): " + said + "."
+    )
+
+
 SPIKE = 3.0  # a gradient-norm spike: a step whose norm exceeds SPIKE times its run's median
 
 
@@ -453,6 +501,8 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         + ".",
         "",
     ]
+    if starts := starts_line(results):
+        text += [starts, ""]
     if spikes := grad_spikes(results):
         text += [
             f"Gradient-norm spikes (steps above {SPIKE:g}x the median of their run's nonzero norms): "
