@@ -365,6 +365,18 @@ class RunStore:
             s for (s,) in self.db.execute("SELECT DISTINCT step FROM episodes WHERE kind = ? ORDER BY step", (kind,))
         ]
 
+    def step_replies(self, step: int, kind: str = "eval") -> list[tuple[int, int, str, int, str]]:
+        """Every candidate's reply of one step's episodes of `kind`, as (episode, turn, role,
+        candidate, response) in that order."""
+        return list(
+            self.db.execute(
+                "SELECT e.idx, t.turn, t.role, c.idx, c.response FROM episodes e JOIN turns t ON t.episode_id = e.id"
+                " JOIN candidates c ON c.turn_id = t.id WHERE e.step = ? AND e.kind = ?"
+                " ORDER BY e.idx, t.turn, t.role, c.idx",
+                (step, kind),
+            )
+        )
+
     def series(self, key: str) -> list[tuple[int, float]]:
         return list(self.db.execute("SELECT step, value FROM metrics WHERE key = ? ORDER BY step", (key,)))
 

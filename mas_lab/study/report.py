@@ -349,15 +349,11 @@ def start_digest(result: dict) -> str | None:
     import hashlib
 
     with kept_store(result) as store:
-        rows = store.rows(
-            "SELECT e.idx, t.turn, t.role, c.idx AS candidate, c.response FROM episodes e "
-            "JOIN turns t ON t.episode_id = e.id JOIN candidates c ON c.turn_id = t.id "
-            "WHERE e.kind != 'train' AND e.step = (SELECT min(step) FROM episodes WHERE kind != 'train') "
-            "ORDER BY e.kind, e.idx, t.turn, t.role, c.idx"
-        )
+        first = store.first_step("eval")
+        rows = store.step_replies(first) if first is not None else []
     if not rows:
         return None
-    return hashlib.sha256(json.dumps([list(r.values()) for r in rows]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
 def starts_line(results: list[dict]) -> str:
