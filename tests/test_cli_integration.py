@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from mas_lab.provenance import code_version
 from mas_lab.store import RunStore
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
@@ -50,7 +51,9 @@ def test_run_prints_progress_and_a_summary(finished_run):
         "steps",
         "stopped",
         "precision",
+        "code",
     }
+    assert summary["code"] == [code_version()]  # one fingerprint: the run was never resumed by other code
     assert summary["precision"] == {"rollout full:shared#0": "float32", "learner full:shared": "float32"}
     assert "dtype (rollout and learner)" in proc.stderr
     assert summary["constant"] is None and "best constant answer (no model)" in proc.stderr  # toy has none
