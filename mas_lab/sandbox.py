@@ -349,16 +349,22 @@ def _spawn_bwrap(source, limits, isolation, env, pipes, cap) -> Iterator[subproc
         with tempfile.TemporaryFile() as handle:
             handle.write(source)
             handle.seek(0)
-            proc = subprocess.Popen(
-                _bwrap_command(isolation, limits, handle.fileno()),
-                cwd="/",
-                env=env,
-                preexec_fn=_bwrap_preexec(limits, slot, cap),
-                pass_fds=(handle.fileno(),),
-                **pipes,
-            )
-        with _killed_on_exit(proc, cap):
-            yield proc
+            with _children_lock:  # registered before any reaper can see it exit
+                proc = subprocess.Popen(
+                    _bwrap_command(isolation, limits, handle.fileno()),
+                    cwd="/",
+                    env=env,
+                    preexec_fn=_bwrap_preexec(limits, slot, cap),
+                    pass_fds=(handle.fileno(),),
+                    **pipes,
+                )
+                _our_bwraps.add(proc.pid)
+        try:
+            with _killed_on_exit(proc, cap):
+                yield proc
+        finally:
+            with _children_lock:
+                _our_bwraps.discard(proc.pid)
     finally:
         if slot_fd is not None:
             _release_slot(slot_fd)
@@ -458,14 +464,39 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+_children_lock = threading.Lock()
+_our_bwraps: set[int] = set()  # the bwrap processes we started whose exit status Popen has not yet taken
+ORPHAN_EXIT_S = 2.0  # how long a namespace init may take to follow its bwrap out
+
+
 def _reap_orphans() -> None:
     """bubblewrap's namespace init outlives bwrap for a moment and is re-parented to PID 1 (or to
     a child subreaper). Where mas-lab is that process (a container's PID 1), nobody else waits for
-    them: reap the zombie bwrap processes we inherited (only those: other children's exit statuses
-    belong to their own waiters), else runs fail once the uid's process limit fills with them."""
+    them: reap the bwrap processes we inherited, waiting up to ORPHAN_EXIT_S for one still on its
+    way out, else runs fail once the uid's process limit fills with zombies. Only inherited ones:
+    the bwraps we started (`_our_bwraps`, which a concurrent run's thread may not have waited yet)
+    and other children belong to their own waiters; reaping one of those would hand its Popen no
+    status (it reads 0, so a failing program would pass)."""
     if os.getpid() != 1 and not _is_subreaper():
         return
     me = os.getpid()
+    with _children_lock:
+        inherited = [pid for pid in _bwrap_children(me) if pid not in _our_bwraps]
+    deadline = time.monotonic() + ORPHAN_EXIT_S
+    for pid in inherited:
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # another thread's reaper took it
+                break
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+
+
+def _bwrap_children(parent: int) -> list[int]:
+    """The processes named bwrap whose parent is `parent`, from /proc."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -473,14 +504,12 @@ def _reap_orphans() -> None:
             with open(f"/proc/{entry}/stat") as handle:
                 text = handle.read()
             name = text[text.index("(") + 1 : text.rindex(")")]
-            state, parent = text[text.rindex(")") + 2 :].split()[:2]
-        except (OSError, ValueError):
+            ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if name == "bwrap" and state == "Z" and int(parent) == me:
-            try:
-                os.waitpid(int(entry), os.WNOHANG)
-            except ChildProcessError:
-                pass
+        if name == "bwrap" and ppid == parent:
+            found.append(int(entry))
+    return found
 
 
 def _is_subreaper() -> bool:

@@ -114,6 +114,25 @@ def test_slots_are_unique_across_processes():
 
 
 @needs_bwrap
+def test_a_reaper_never_takes_the_exit_status_of_a_concurrent_run():
+    """As a child subreaper, programs run from 4 threads at once keep their own exit status: the
+    orphan reaper of one run must not wait for another run's bwrap before its Popen does (that
+    Popen would read 0, and a failing program would pass). 84 of 200 read 0 before the fix."""
+    script = textwrap.dedent("""
+        import ctypes
+        from concurrent.futures import ThreadPoolExecutor
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        from mas_lab.sandbox import run_python
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: run_python("import sys; sys.exit(3)"), range(200)))
+        print(sorted({(r.status, r.returncode) for r in results}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == "[('error', 3)]", result.stdout
+
+
+@needs_bwrap
 def test_orphaned_namespace_inits_are_reaped_where_we_are_their_parent(tmp_path):
     """As a child subreaper (what a container's PID 1 is), 40 programs leave no bwrap zombie."""
     script = textwrap.dedent("""
