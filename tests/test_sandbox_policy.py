@@ -117,7 +117,7 @@ def test_slots_are_unique_across_processes():
 def test_a_reaper_never_takes_the_exit_status_of_a_concurrent_run():
     """As a child subreaper, programs run from 4 threads at once keep their own exit status: the
     orphan reaper of one run must not wait for another run's bwrap before its Popen does (that
-    Popen would read 0, and a failing program would pass). 84 of 200 read 0 before the fix."""
+    Popen would read 0, and a failing program would pass). 76-84 of 200 read 0 before the fix."""
     script = textwrap.dedent("""
         import ctypes
         from concurrent.futures import ThreadPoolExecutor
