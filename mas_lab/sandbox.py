@@ -485,10 +485,16 @@ def _reap_orphans() -> None:
     deadline = time.monotonic() + ORPHAN_EXIT_S
     for pid in inherited:
         while True:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # another thread's reaper took it
-                break
+            # Checked again under the lock before each wait: if another thread's reaper took this
+            # orphan, the kernel may have handed its pid to a bwrap we started since (registered
+            # under the same lock), whose status belongs to its own Popen.
+            with _children_lock:
+                if pid in _our_bwraps or not _is_bwrap_child(pid, me):
+                    break
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:  # another thread's reaper took it
+                    break
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.005)
@@ -496,20 +502,19 @@ def _reap_orphans() -> None:
 
 def _bwrap_children(parent: int) -> list[int]:
     """The processes named bwrap whose parent is `parent`, from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                text = handle.read()
-            name = text[text.index("(") + 1 : text.rindex(")")]
-            ppid = int(text[text.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if name == "bwrap" and ppid == parent:
-            found.append(int(entry))
-    return found
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _is_bwrap_child(int(entry), parent)]
+
+
+def _is_bwrap_child(pid: int, parent: int) -> bool:
+    """Whether /proc says `pid` is named bwrap and its parent is `parent` (a zombie still is)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return name == "bwrap" and ppid == parent
 
 
 def _is_subreaper() -> bool:

@@ -132,6 +132,28 @@ def test_a_reaper_never_takes_the_exit_status_of_a_concurrent_run():
     assert result.stdout.split("\n")[-2] == "[('error', 3)]", result.stdout
 
 
+def test_the_reaper_leaves_a_pid_that_became_one_of_our_bwraps_while_it_waited(monkeypatch):
+    """An inherited orphan's pid, freed by another thread's reaper and handed by the kernel to a
+    bwrap this process starts, belongs to that bwrap's Popen: the reaper checks again under the
+    lock before each wait and stops (a wait would take the new run's exit status). Fakes stand in
+    for /proc and waitpid: a reused pid within the 2 s window cannot be arranged for real."""
+    orphan = 424242
+    waits = []
+
+    def waitpid(pid, flags):
+        waits.append(pid)
+        sandbox._our_bwraps.add(pid)  # next: reaped elsewhere, the pid reused by a new bwrap of ours
+        return 0, 0
+
+    monkeypatch.setattr(sandbox, "_is_subreaper", lambda: True)
+    monkeypatch.setattr(sandbox, "_bwrap_children", lambda parent: [orphan])
+    monkeypatch.setattr(sandbox, "_is_bwrap_child", lambda pid, parent: True)
+    monkeypatch.setattr(sandbox.os, "waitpid", waitpid)
+    monkeypatch.setattr(sandbox, "_our_bwraps", set())
+    sandbox._reap_orphans()
+    assert waits == [orphan]  # once while it was the orphan, never after it became ours
+
+
 @needs_bwrap
 def test_orphaned_namespace_inits_are_reaped_where_we_are_their_parent(tmp_path):
     """As a child subreaper (what a container's PID 1 is), 40 programs leave no bwrap zombie."""
