@@ -305,7 +305,8 @@ def test_a_kept_cell_opens_from_its_unpacked_store(tmp_path, toy_run, monkeypatc
 
 def test_gradient_norm_spikes_are_counted_per_regime_from_the_kept_stores(tmp_path):
     """A step whose gradient norm exceeds 3x its run's median of nonzero norms is a spike; steps
-    with no sample trained (norm 0) are left out; seeds of a regime add up."""
+    with no sample trained (norm 0) are left out; seeds of a regime add up; the samples trained at
+    the spike steps and at the others are told apart."""
     import lzma
 
     from mas_lab.store import RunStore
@@ -314,7 +315,9 @@ def test_gradient_norm_spikes_are_counted_per_regime_from_the_kept_stores(tmp_pa
     def kept(name, norms):
         store = RunStore(tmp_path / f"{name}.db")
         for step, norm in enumerate(norms, 1):
-            store.write_step(step, 0.0, [], "train", metrics={"grad_norm/shared": norm, "reward/mean": 0.1})
+            samples = 4.0 if norm > 3.0 else 64.0  # the spikes trained one group of 4
+            metrics = {"grad_norm/shared": norm, "samples/shared": samples, "reward/mean": 0.1}
+            store.write_step(step, 0.0, [], "train", metrics=metrics)
         store.finish()
         store.close()
         packed = tmp_path / f"{name}.db.xz"
@@ -327,8 +330,11 @@ def test_gradient_norm_spikes_are_counted_per_regime_from_the_kept_stores(tmp_pa
         {"regime": "B", "seed": 0, "store": kept("b0", [1.0, 1.2, 0.8, 2.9])},  # none (median 1.1)
     ]
     lines = grad_spikes(results)
-    assert lines[0].startswith("A: 3 over 2 runs (the largest norm 3.5x")
-    assert lines[1].startswith("B: 0 over 1 run (the largest norm 2.6x")
+    assert lines[0] == (
+        "A: 3 over 2 runs (the largest norm 3.5x its run's median; samples trained at the spike steps, "
+        "median 4; at the other steps, median 64)"
+    )
+    assert lines[1] == "B: 0 over 1 run (the largest norm 2.6x its run's median; at the other steps, median 64)"
 
 
 def test_the_report_says_which_arms_of_a_seed_began_from_the_same_replies(tmp_path, toy_run):

@@ -15,7 +15,7 @@ from pathlib import Path
 from mas_lab.reporting import wilson_interval
 from mas_lab.study import families
 from mas_lab.study.families import Family, slug
-from mas_lab.study.plots import curves, kept_store, plot
+from mas_lab.study.plots import kept_store, plot
 
 
 def cell(rates: list[tuple[int, float, int]]) -> dict:
@@ -393,22 +393,37 @@ def grad_spikes(results: list[dict]) -> list[str]:
     """Per regime, the steps whose gradient norm (of any policy, `grad_norm/<policy>`) exceeded
     SPIKE times the median of that policy's nonzero norms in its run, summed over its seeds, and the
     largest ratio to the median: the spikes Dr. MAS (arXiv 2602.08847) reports under a normalisation
-    shared by agents whose rewards differ in scale. Steps with no sample trained (norm 0) are left out."""
+    shared by agents whose rewards differ in scale. Steps with no sample trained (norm 0) are left out.
+    Where the store has `samples/<policy>`, the median number of samples trained at the spike steps
+    and at the other steps: a mean over few samples (most groups filtered for equal rewards) has a
+    larger norm whatever the advantage."""
     by_regime: dict[str, list] = {}
     for r in results:
-        spikes, worst = 0, 0.0
-        for key, points in curves(r).items():
-            norms = [v for _, v in points if v > 0] if key.startswith("grad_norm/") else []
+        spikes, worst, at_spikes, elsewhere = 0, 0.0, [], []
+        with kept_store(r) as store:
+            keys = [k for k in store.metric_keys() if k.startswith(("grad_norm/", "samples/"))]
+            series = {key: store.series(key) for key in keys}
+        for key, points in series.items():
+            norms = [(step, v) for step, v in points if v > 0] if key.startswith("grad_norm/") else []
             if len(norms) < 3:
                 continue
-            median = statistics.median(norms)
-            spikes += sum(v > SPIKE * median for v in norms)
-            worst = max(worst, max(norms) / median)
-        entry = by_regime.setdefault(r["regime"], [0, 0.0, 0])
+            median = statistics.median(v for _, v in norms)
+            spikes += sum(v > SPIKE * median for _, v in norms)
+            worst = max(worst, max(v for _, v in norms) / median)
+            samples = dict(series.get("samples/" + key.removeprefix("grad_norm/"), []))
+            for step, v in norms:
+                if step in samples:
+                    (at_spikes if v > SPIKE * median else elsewhere).append(samples[step])
+        entry = by_regime.setdefault(r["regime"], [0, 0.0, 0, [], []])
         entry[0], entry[1], entry[2] = entry[0] + spikes, max(entry[1], worst), entry[2] + 1
+        entry[3] += at_spikes
+        entry[4] += elsewhere
     return [
-        f"{name}: {spikes} over {runs} run{'s' if runs > 1 else ''} (the largest norm {worst:.1f}x its run's median)"
-        for name, (spikes, worst, runs) in by_regime.items()
+        f"{name}: {spikes} over {runs} run{'s' if runs > 1 else ''} (the largest norm {worst:.1f}x its run's median"
+        + (f"; samples trained at the spike steps, median {statistics.median(at):g}" if at else "")
+        + (f"; at the other steps, median {statistics.median(rest):g}" if rest else "")
+        + ")"
+        for name, (spikes, worst, runs, at, rest) in by_regime.items()
     ]
 
 
