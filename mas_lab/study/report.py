@@ -399,7 +399,9 @@ def grad_spikes(results: list[dict]) -> list[str]:
     larger norm whatever the advantage."""
     by_regime: dict[str, list] = {}
     for r in results:
-        spikes, worst, at_spikes, elsewhere = 0, 0.0, [], []
+        spikes, worst = 0, 0.0
+        at_spikes: list[float] = []  # samples trained at the spike steps
+        elsewhere: list[float] = []
         with kept_store(r) as store:
             keys = [k for k in store.metric_keys() if k.startswith(("grad_norm/", "samples/"))]
             series = {key: store.series(key) for key in keys}
