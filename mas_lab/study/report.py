@@ -395,8 +395,8 @@ def grad_spikes(results: list[dict]) -> list[str]:
     largest ratio to the median: the spikes Dr. MAS (arXiv 2602.08847) reports under a normalisation
     shared by agents whose rewards differ in scale. Steps with no sample trained (norm 0) are left out.
     Where the store has `samples/<policy>`, the median number of samples trained at the spike steps
-    and at the other steps: a mean over few samples (most groups filtered for equal rewards) has a
-    larger norm whatever the advantage."""
+    and at the other steps: the gradient of a mean over few samples (most groups filtered for equal
+    rewards) is noisier, so its norm tends to be larger whatever the advantage."""
     by_regime: dict[str, list] = {}
     for r in results:
         spikes, worst = 0, 0.0
