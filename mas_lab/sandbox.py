@@ -480,14 +480,12 @@ def _reap_orphans() -> None:
     if os.getpid() != 1 and not _is_subreaper():
         return
     me = os.getpid()
-    with _children_lock:
-        inherited = [pid for pid in _bwrap_children(me) if pid not in _our_bwraps]
     deadline = time.monotonic() + ORPHAN_EXIT_S
-    for pid in inherited:
+    for pid in _bwrap_children(me):
         while True:
-            # Checked again under the lock before each wait: if another thread's reaper took this
-            # orphan, the kernel may have handed its pid to a bwrap we started since (registered
-            # under the same lock), whose status belongs to its own Popen.
+            # Checked under the lock before each wait, not once for the list: if another thread's
+            # reaper took this orphan, the kernel may have handed its pid to a bwrap we started
+            # since (registered under the same lock), whose status belongs to its own Popen.
             with _children_lock:
                 if pid in _our_bwraps or not _is_bwrap_child(pid, me):
                     break
