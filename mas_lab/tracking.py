@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -112,42 +113,82 @@ class Tracker:
         run = self.client.get_run(self.run_id)
         done = int(run.data.tags.get("mas_lab.logged_through_step", "-1"))
         finished = store.step_finish_times()
-        for step, metrics in store.metrics().items():
-            if done < step <= through_step:
-                self.log_metrics(step, metrics, finished.get(step))
-                self.log_completions(store, step)
+        metrics = store.metrics()
+        steps = [step for step in metrics if done < step <= through_step]
+        for step in steps:
+            self.log_metrics(step, metrics[step], finished.get(step))
+        self.log_completions(store, steps)
         if through_step > done:
             self.set_tag("mas_lab.logged_through_step", str(through_step))
 
-    def log_completions(self, store, step: int, episodes: int = 16, problems: int = 4) -> None:
-        """What the team said, as MLflow tables (the UI's artifact view, and `mlflow.load_table`):
-        at an evaluation, every turn of the first `episodes` held-out episodes with each agent's
-        chosen reply, rewards and success; at a training step, the best and the worst candidate of
-        each (agent, turn) group of the first `problems` problems."""
+    def log_completions(self, store, steps: list[int], episodes: int = 16, problems: int = 4) -> None:
+        """What the team said, as two MLflow tables that grow by rows, one row set per step (the
+        UI's artifact view, and `mlflow.load_table("completions/train.json", extra_columns=
+        ["run_id"])` across runs): `completions/eval.json`, at each evaluation every turn of the
+        first `episodes` held-out episodes with each agent's chosen reply, rewards and success;
+        `completions/train.json`, at each training step the best and the worst candidate of each
+        (agent, turn) group of the first `problems` problems.
+
+        Two fixed table names keep the run tag that MLflow lists tables in
+        (`mlflow.loggedArtifacts`, cut at 8,000 characters by the SQL store) at two entries: a
+        table per step grew it until the cut JSON failed to parse at step ~83."""
         import pandas as pd
 
-        evals = [r for r in store.candidate_records("eval", step, step, chosen_only=True) if r["episode"] < episodes]
-        if evals:
-            self.client.log_table(
-                self.run_id, pd.DataFrame(_completion_rows(evals)), f"completions/eval_step_{step:06d}.json"
-            )
-        train = list(store.candidate_records("train", step, step))
-        chosen_problems = list(dict.fromkeys(r["problem_id"] for r in train))[:problems]
-        rows = []
-        for problem in chosen_problems:
-            by_group: dict[tuple, list[dict]] = {}
-            for r in (r for r in train if r["problem_id"] == problem):
-                by_group.setdefault((r["episode"], r["role"], r["turn"]), []).append(r)
-            for members in by_group.values():
-                ranked = sorted(members, key=lambda r: r["reward"])
-                rows += [{**x, "which": which} for x, which in ((ranked[-1], "best"), (ranked[0], "worst"))]
-        if rows:
-            frame = pd.DataFrame(_completion_rows(rows))
-            frame.insert(0, "which", [r["which"] for r in rows])
-            self.client.log_table(self.run_id, frame, f"completions/train_step_{step:06d}.json")
+        eval_rows: list[dict] = []
+        train_rows: list[dict] = []
+        for step in steps:
+            evals = [
+                r for r in store.candidate_records("eval", step, step, chosen_only=True) if r["episode"] < episodes
+            ]
+            eval_rows += _completion_rows(evals)
+            train_rows += _best_and_worst(list(store.candidate_records("train", step, step)), problems)
+        if not eval_rows and not train_rows:
+            return
+        self._repair_table_tag()
+        if eval_rows:
+            self.client.log_table(self.run_id, pd.DataFrame(eval_rows), EVAL_TABLE)
+        if train_rows:
+            self.client.log_table(self.run_id, pd.DataFrame(train_rows), TRAIN_TABLE)
+
+    def _repair_table_tag(self) -> None:
+        """A run logged by an older mas-lab (a table per step) may hold a tag the SQL store cut
+        mid-JSON; MLflow's next table would fail to parse it. Keep the entries that parse and
+        drop the older per-step ones, whose files stay in the run's artifacts."""
+        value = self.client.get_run(self.run_id).data.tags.get(TABLES_TAG)
+        if value is None:
+            return
+        try:
+            entries = json.loads(value)
+        except json.JSONDecodeError:
+            entries = None
+        if isinstance(entries, list) and len(value) < 4000:
+            return
+        kept = [e for e in entries or [] if isinstance(e, dict) and e.get("path") in (EVAL_TABLE, TRAIN_TABLE)]
+        self.set_tag(TABLES_TAG, json.dumps(kept))
 
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+
+TABLES_TAG = "mlflow.loggedArtifacts"
+EVAL_TABLE = "completions/eval.json"
+TRAIN_TABLE = "completions/train.json"
+
+
+def _best_and_worst(train: list[dict], problems: int) -> list[dict]:
+    """The best and the worst candidate of each (episode, role, turn) group of the first
+    `problems` problems of one training step, as table rows with a `which` column."""
+    chosen_problems = list(dict.fromkeys(r["problem_id"] for r in train))[:problems]
+    rows = []
+    for problem in chosen_problems:
+        by_group: dict[tuple, list[dict]] = {}
+        for r in (r for r in train if r["problem_id"] == problem):
+            by_group.setdefault((r["episode"], r["role"], r["turn"]), []).append(r)
+        for members in by_group.values():
+            ranked = sorted(members, key=lambda r: r["reward"])
+            for record, which in ((ranked[-1], "best"), (ranked[0], "worst")):
+                rows += [{"which": which} | row for row in _completion_rows([record])]
+    return rows
 
 
 def _completion_rows(records: list[dict]) -> list[dict]:

@@ -276,7 +276,11 @@ def test_a_run_without_its_tracking_store_gets_one_rebuilt_from_the_run_store(to
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"completions", "charts", "task.yaml"} <= artifacts
     tables = {a.path for a in client.list_artifacts(run.info.run_id, "completions")}
-    assert "completions/eval_step_000003.json" in tables and "completions/train_step_000001.json" in tables
+    assert tables == {"completions/eval.json", "completions/train.json"}
+    train = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "completions/train.json", str(tmp_path))).read_text()
+    )
+    assert {row[train["columns"].index("step")] for row in train["data"]} == {1, 2, 3}
     assert not os.path.exists("/elsewhere/mlruns.db") and sorted(p.name for p in copied.iterdir()) == before
     assert rebuild(copied, tmp_path / "tracking") == uri  # made once
 
