@@ -254,3 +254,22 @@ def task_pool(task: "TaskConfig") -> ProblemPool:
     return ProblemPool(
         env_cls, params, task.train.seed, task.train.eval_problems, hard=hard, hard_size=task.train.hard_eval_problems
     )
+
+
+def baseline_outcomes(task: "TaskConfig", problems: Sequence[Problem]) -> dict[str, tuple[str, list[bool]]]:
+    """Per problem, whether each baseline without a model solves it, for paired comparisons on the
+    same problems (mas_lab/paired.py): {name: (label, solved per problem)}, the best constant answer
+    (chosen on `problems`) first, then each reading rule of the environment."""
+    env_cls = ENVS[task.env.name]
+    params = env_cls.Params.coerce(task.env.params)
+    out: dict[str, tuple[str, list[bool]]] = {}
+    best = best_constant(env_cls, params, problems, task.env.max_turns) if problems else None
+    if best is not None:
+        out["constant"] = (
+            f"the best constant answer ({best.answer!r})",
+            [solves(env_cls, p, params, best.answer, task.env.max_turns) for p in problems],
+        )
+    rules = rule_results(env_cls, params, problems, task.env.max_turns)
+    for name, solved in (rules.solved if rules else {}).items():
+        out[name] = (RULE_LABELS[name], solved)
+    return out

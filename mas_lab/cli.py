@@ -270,10 +270,10 @@ def evaluate(
             )
     except runs.RunError as exc:
         _fail(str(exc))
-    _print_eval(task, opened.run_dir, metrics, samples)
+    _print_eval(task, opened.run_dir, metrics, samples, opened.store)
 
 
-def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int) -> None:
+def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int, store) -> None:
     from rich.table import Table
 
     n = len(task.roles)
@@ -292,7 +292,9 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int) ->
             f"[{metrics['eval/constant_ci_low']:.3f}, {metrics['eval/constant_ci_high']:.3f}]",
         )
     from mas_lab.baselines import RULE_LABELS
-    from mas_lab.reporting import baselines_from_metrics, hard_split_text, rules_verdict
+    from mas_lab.evidence import run_evidence
+    from mas_lab.paired import sentence
+    from mas_lab.reporting import baselines_from_metrics, hard_split_text
 
     baselines = baselines_from_metrics(metrics, RULE_LABELS)
     for name, b in baselines.items():
@@ -300,12 +302,10 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int) ->
             table.add_row(f"{b['label']} (no model)", f"{b['success']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]")
     if "eval/hard/problems" in metrics:
         table.add_row("hard split (a detour needed)", hard_split_text(metrics))
-    if len(baselines) > 1:
-        result = {
-            "success": metrics["eval/success_rate"],
-            "ci": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
-        }
-        table.add_row("so", rules_verdict(result, baselines))
+    evidence = run_evidence(task, store, 0)
+    if evidence.get("baselines"):
+        first = "" if samples == 1 else ", the first sample of each problem"
+        table.add_row(f"so (paired on the same problems{first})", sentence(evidence["baselines"]))
     table.add_row("distinct first answers", f"{metrics.get('eval/distinct_answers', math.nan):.0f}")
     table.add_row("mean turns", f"{metrics['eval/turns']:.2f}")
     table.add_row("mean final team reward", f"{metrics['eval/team_reward']:.3f}")
@@ -679,17 +679,28 @@ def plot(
 def compare(
     targets: List[Path] = typer.Argument(..., help="run folders, or folders of runs (a study, results/reproduce/X)"),
     output: Path = typer.Option(Path("compare"), "--output", "-o", help="folder for compare.md and the PNG files"),
+    group_by: str = typer.Option(
+        "regime",
+        "--group-by",
+        help="label runs by: regime (a study run's; else each run its own), run, task, or a task key (algorithm.mode)",
+    ),
+    label: Optional[List[str]] = typer.Option(
+        None, "--label", help="a label per target, in order (repeat once per target)"
+    ),
 ) -> None:
-    """Runs side by side: curves overlaid (each run faint, each setting's mean bold), the settings
-    that differ, and the final held-out success pooled per setting with its 95% interval."""
+    """Runs side by side: curves overlaid (each run faint, each label's mean bold), the settings
+    that differ, the final held-out success per label, and every pair of labels paired on the same
+    held-out problems (discordant counts, exact test, difference)."""
     from mas_lab.compare import compare as write
 
     for target in targets:
         if not target.is_dir():
             _fail(f"{target}: not a folder")
+    if label and len(label) != len(targets):
+        _fail(f"--label: {len(label)} labels for {len(targets)} targets (give one per target)")
     try:
-        path = write(targets, output)
-    except (FileNotFoundError, OSError) as exc:
+        path = write(targets, output, dict(zip(targets, label)) if label else None, group_by)
+    except (FileNotFoundError, OSError, ValueError) as exc:
         _fail(str(exc))
     print(path)
 

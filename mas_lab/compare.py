@@ -2,8 +2,10 @@
 steps (held-out success with its 95% intervals, reward per role, KL to the initial policy,
 entropy, the zero-std share), each run faint and the mean of each label bold; the settings in
 which the runs differ; and a table of the final held-out success pooled per label with its
-interval and per-run values. Runs are labelled by their regime (a kept study run's summary) or
-their task's name; runs with one label are seeds of one setting. PNG and Markdown out."""
+interval and per-run values, and every pair of labels paired on the same held-out problems seed by
+seed. Runs are labelled by their regime (a kept study run's summary), else each by its own name
+(`--group-by` chooses: run, task, or a task key); runs with one label are seeds of one setting.
+PNG and Markdown out."""
 
 from __future__ import annotations
 
@@ -31,9 +33,13 @@ class Compared:
     run: RunData
 
 
-def gather(paths: list[Path], labels: dict[Path, str] | None = None) -> list[Compared]:
-    """Every run under the given run or study folders, with its label (`labels`: a run folder's
-    label, given; else its kept summary's regime, else its task's name)."""
+def gather(paths: list[Path], labels: dict[Path, str] | None = None, group_by: str = "regime") -> list[Compared]:
+    """Every run under the given run or study folders, with its label: `labels` (a folder's label,
+    given), else by `group_by`: "regime" (a kept study run's regime, else the run's own name: runs
+    are pooled only when they are seeds of one regime), "run" (every run its own label), "task"
+    (the task's name) or a task key such as `algorithm.mode` ("algorithm.mode=at_grpo")."""
+    from mas_lab.config import TaskConfig, flat_params, stored_task_data
+
     labels = labels or {}
     found: list[Compared] = []
     for path in paths:
@@ -45,7 +51,19 @@ def gather(paths: list[Path], labels: dict[Path, str] | None = None) -> list[Com
         for name, run in runs.items():
             summary = run.path / "summary.json"
             regime = json.loads(summary.read_text()).get("regime") if summary.is_file() else None
-            label = labels.get(path) or regime or str(run.task.get("name") or name)
+            if path in labels:
+                label = labels[path]
+            elif group_by == "regime":
+                label = regime or name
+            elif group_by == "run":
+                label = name
+            elif group_by == "task":
+                label = str(run.task.get("name") or name)
+            else:
+                flat = flat_params(TaskConfig.model_validate(stored_task_data(run.task)))
+                if group_by not in flat:
+                    raise ValueError(f"--group-by {group_by}: not a task key (e.g. algorithm.mode, train.seed)")
+                label = f"{group_by}={flat[group_by]}"
             found.append(Compared(label, name, run))
     if not found:
         raise FileNotFoundError(f"no run folder (run.db or run.db.xz) under {', '.join(map(str, paths))}")
@@ -178,14 +196,72 @@ def table(runs: list[Compared]) -> list[str]:
     return lines
 
 
-def compare(paths: list[Path], out: Path, labels: dict[Path, str] | None = None) -> Path:
+def final_outcomes(run: RunData) -> dict[str, bool]:
+    """Success per held-out problem at the run's last evaluation (the first sample of each problem)."""
+    episodes = run.episodes.query("kind == 'eval'")
+    if not len(episodes):
+        return {}
+    last = episodes[episodes["step"] == episodes["step"].max()].sort_values("episode")
+    out: dict[str, bool] = {}
+    for problem, success in zip(last["problem_id"], last["success"]):
+        out.setdefault(str(problem), bool(success))
+    return out
+
+
+def paired_table(runs: list[Compared]) -> list[str]:
+    """Every pair of labels, paired on the same held-out problems seed by seed (the run of each label
+    with that `train.seed`; mas_lab/paired.py): discordant counts per seed, the exact p-value, the
+    difference with its interval and the verdict in the paired test's words. Empty for one label."""
+    from mas_lab.paired import compare_paired
+
+    by_label: dict[str, dict[int, dict[str, bool]]] = {}
+    for r in runs:
+        seed = int((r.run.task.get("train") or {}).get("seed", 0))
+        by_label.setdefault(r.label, {}).setdefault(seed, final_outcomes(r.run))
+    labels = list(by_label)
+    lines = [
+        "| A | B | seeds | discordant A only / B only, per seed | exact p | A - B [95%] | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            pairs, seeds = [], []
+            for seed in sorted(by_label[a].keys() & by_label[b].keys()):
+                x, y = by_label[a][seed], by_label[b][seed]
+                common = [pid for pid in x if pid in y]
+                if common:
+                    pairs.append(([x[pid] for pid in common], [y[pid] for pid in common]))
+                    seeds.append(seed)
+            if not pairs:
+                lines.append(f"| {a} | {b} | - | no seed evaluated on the same problems | | | not paired |")
+                continue
+            v = compare_paired(pairs)
+            low, high = v.diff_ci
+            word = {"above": f"{a} above {b}", "below": f"{b} above {a}"}.get(v.word, "not distinguishable")
+            lines.append(
+                f"| {a} | {b} | {', '.join(map(str, seeds))} | {', '.join(f'{s.a_only}/{s.b_only}' for s in v.seeds)} "
+                f"| {v.p_value:.3g} | {v.diff:+.3f} [{low:+.2f}, {high:+.2f}] | {word} |"
+            )
+    return lines if len(labels) > 1 else []
+
+
+def compare(paths: list[Path], out: Path, labels: dict[Path, str] | None = None, group_by: str = "regime") -> Path:
     """Write compare.md and the PNGs into `out`; returns the Markdown file."""
-    runs = gather(paths, labels)
+    runs = gather(paths, labels, group_by)
     out.mkdir(parents=True, exist_ok=True)
     images = plot(runs, out)
     diff = differences(runs)
     lines = [f"# {len(runs)} runs compared", "", "Runs: " + ", ".join(f"`{r.name}` ({r.label})" for r in runs), ""]
     lines += table(runs) + [""]
+    if paired := paired_table(runs):
+        lines += [
+            "Paired on the same held-out problems (final evaluations; runs of one seed against each other; "
+            'exact McNemar per seed, the exact stratified test over seeds; "above" only where significant at '
+            "0.05 and no seed goes the other way):",
+            "",
+            *paired,
+            "",
+        ]
     if diff:
         lines += [
             "Settings that differ:",

@@ -53,6 +53,33 @@ def verdict(before: dict | None, after: dict | None, constant: dict | None = Non
     return out + f"; for comparison, {fixed}"
 
 
+def paired_verdict(before: dict | None, after: dict | None, evidence: Mapping) -> str:
+    """The run's held-out result in words that follow the paired tests (mas_lab/evidence.py): the
+    change training made on the same problems, then the team against each baseline without a model
+    on the main split and on the hard split, each with n, the discordant counts and the p-value."""
+    from mas_lab.paired import sentence
+
+    if before is None or after is None:
+        return "no evaluation after training to compare with" if before else "no evaluation"
+    said = f"held-out success {before['success']:.3f} -> {after['success']:.3f}"
+    change = evidence.get("change")
+    if change is not None:
+        said += f" on the same {evidence['problems']} problems: " + {
+            "above": "better after training",
+            "below": "worse after training",
+        }.get(change.word, "no change training made is distinguishable")
+        said += f" ({change.evidence()})"
+    if evidence.get("baselines"):
+        said += ". Against the baselines without a model on the same problems, after training it is " + sentence(
+            evidence["baselines"]
+        )
+    if evidence.get("hard"):
+        said += f". On the hard split ({evidence['hard_problems']} problems, a detour needed): " + sentence(
+            evidence["hard"]
+        )
+    return said
+
+
 def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
     """Mean reward per role and per (role, turn), final team reward and success rate."""
     out: dict[str, float] = {}
@@ -75,34 +102,9 @@ def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float
     return out
 
 
-def compare(success: float, ci: tuple[float, float] | list[float], low: float, high: float) -> str:
-    """'above', 'below' or 'level with' a baseline's 95% interval [low, high] (intervals apart, or not)."""
-    if ci[0] > high:
-        return "above"
-    if ci[1] < low:
-        return "below"
-    return "level with"
-
-
-def rules_verdict(result: Mapping, rules: Mapping[str, Mapping]) -> str:
-    """Which baselines without a model a held-out success clears, in words: "above the best constant
-    answer and one move toward the goal per turn; level with the rows-first reading rule; below the
-    either-order reading rule". `result` has `success` and `ci`; each rule has `label`, `success`, `ci`."""
-    by_word: dict[str, list[str]] = {"above": [], "level with": [], "below": []}
-    for rule in rules.values():
-        by_word[compare(result["success"], result["ci"], *rule["ci"])].append(
-            f"{rule['label']} ({rule['success']:.3f})"
-        )
-
-    def listed(names: list[str]) -> str:
-        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-    return "; ".join(f"{word} {listed(names)}" for word, names in by_word.items() if names)
-
-
 def baselines_from_metrics(metrics: Mapping[str, float], labels: Mapping[str, str], prefix: str = "eval/") -> dict:
     """The baselines without a model an evaluation stored (`{prefix}constant_success` and
-    `{prefix}rule/NAME`, each with its interval) as {name: {label, success, ci}}, for rules_verdict."""
+    `{prefix}rule/NAME`, each with its interval) as {name: {label, success, ci}}, for the summary's table rows."""
     out: dict[str, dict] = {}
     if f"{prefix}constant_success" in metrics:
         out["constant"] = {

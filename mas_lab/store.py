@@ -359,6 +359,16 @@ class RunStore:
     def steps(self) -> list[int]:
         return [s for (s,) in self.db.execute("SELECT step FROM steps ORDER BY step")]
 
+    def eval_outcomes(self, step: int) -> dict[str, bool]:
+        """Held-out success by problem id at one evaluation: the first sampled trajectory of each
+        problem (the only one of a greedy evaluation), for paired comparisons."""
+        out: dict[str, bool] = {}
+        for problem_id, success in self.db.execute(
+            "SELECT problem_id, success FROM episodes WHERE kind = 'eval' AND step = ? ORDER BY idx", (step,)
+        ):
+            out.setdefault(problem_id, bool(success))
+        return out
+
     def episode_steps(self, kind: str = "train") -> list[int]:
         """Steps that have episodes of `kind` (train, or eval)."""
         return [

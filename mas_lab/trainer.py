@@ -25,14 +25,15 @@ from mas_lab.control import RunControl
 from mas_lab.diagnostics import diagnostics
 from mas_lab.envs import ENVS, Problem, ProblemPool
 from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout, with_system
+from mas_lab.evidence import HeldOut, run_evidence
 from mas_lab.learner.samples import Sample
 from mas_lab.metric_names import LEARNER_METRICS, TIME_KEYS
 from mas_lab.progress import Progress, ProgressEvent
 from mas_lab.reporting import (
     baselines_from_metrics,
     hard_split_text,
+    paired_verdict,
     reward_metrics,
-    rules_verdict,
     verdict,
     wilson_interval,
 )
@@ -354,6 +355,14 @@ class Trainer:
         return task_baseline(self.task, self.pool.eval_set) if self.pool.eval_set else None
 
     @functools.cached_property
+    def held_out(self) -> HeldOut:
+        """The held-out problems of the paired comparisons: the evaluation set and the hard split."""
+        main = tuple(self.pool.eval_set)
+        if self.pool.hard_set or self.rules is None:
+            return HeldOut(main, tuple(self.pool.hard_set))
+        return HeldOut(main, tuple(p for p, h in zip(main, self.rules.hard) if h))
+
+    @functools.cached_property
     def rules(self) -> RuleResults | None:
         """The reading rules on the evaluation set and then the extra hard problems; computed once."""
         env_cls = ENVS[self.task.env.name]
@@ -425,13 +434,19 @@ class Trainer:
                 "ci": list(wilson_interval(best.solved, best.problems)),
             }
         )
-        said = verdict(before, after, constant)
         last = metrics[after["step"]] if after else None
         baselines = baselines_from_metrics(last, RULE_LABELS) if last else {}
-        if after and len(baselines) > 1:  # the reading rules too, not only the constant answer
-            said += f". Against the baselines without a model, after training it is {rules_verdict(after, baselines)}"
-        if last and "eval/hard/problems" in last:
-            said += f". On the hard split (a detour needed): {hard_split_text(last)}"
+        evidence = (
+            run_evidence(self.task, self.store, after["step"], before["step"] if before else None, self.held_out)
+            if after
+            else {}
+        )
+        if evidence.get("change") or evidence.get("baselines"):
+            said = paired_verdict(before, after, evidence)
+        else:  # the evaluations hold different problems: the intervals only
+            said = verdict(before, after, constant)
+            if last and "eval/hard/problems" in last:
+                said += f". On the hard split (a detour needed): {hard_split_text(last)}"
         return {
             "eval_before": before["success"] if before else None,
             "eval_after": after["success"] if after else None,
@@ -449,6 +464,16 @@ class Trainer:
                 else None
             ),
             "verdict": said,
+            "paired": {
+                key: (
+                    value.as_dict()
+                    if key == "change"
+                    else {label: v.as_dict() for label, v in value.items()}
+                    if isinstance(value, dict)
+                    else value
+                )
+                for key, value in evidence.items()
+            },
             "steps": self.step,
             "stopped": self.step < self.task.train.steps,
         }

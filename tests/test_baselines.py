@@ -203,19 +203,14 @@ def test_an_evaluation_stores_the_reading_rules_and_the_hard_split(tmp_path):
         )
         / 16
     )
-    from mas_lab.baselines import RULE_LABELS
-    from mas_lab.reporting import baselines_from_metrics, rules_verdict
+    from mas_lab.evidence import run_evidence
 
-    baselines = baselines_from_metrics(metrics, RULE_LABELS)
-    said = rules_verdict(
-        {
-            "success": metrics["eval/success_rate"],
-            "ci": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
-        },
-        baselines,
-    )
-    assert said.split("; ")[-1].startswith("below") and said.endswith("and the BFS optimum (1.000)")
-    assert "the best constant answer" in said
+    evidence = run_evidence(trainer.task, trainer.store, 0, held=trainer.held_out)
+    optimum = evidence["baselines"]["the BFS optimum"]
+    team = [e["success"] for e in trainer.store.rows("SELECT success FROM episodes WHERE kind = 'eval' AND idx < 16")]
+    assert (optimum.n, optimum.a_only, optimum.b_only) == (16, 0, 16 - sum(team))
+    assert any(label.startswith("the best constant answer") for label in evidence["baselines"])
+    assert evidence["hard_problems"] == 8 and evidence["hard"]["the either-order reading rule"].b_only == 0
 
 
 SOLVED_4X4 = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]]
@@ -252,9 +247,8 @@ def test_a_sudoku_evaluation_stores_the_single_candidate_rule_without_a_hard_spl
     from conftest import ROOT
     from fakes import FakeBackend, FakeEngine
 
-    from mas_lab.baselines import RULE_LABELS
     from mas_lab.config import load_task
-    from mas_lab.reporting import baselines_from_metrics, rules_verdict
+    from mas_lab.evidence import run_evidence
     from mas_lab.store import RunStore
     from mas_lab.trainer import Trainer
 
@@ -267,28 +261,35 @@ def test_a_sudoku_evaluation_stores_the_single_candidate_rule_without_a_hard_spl
     assert metrics["eval/rule/single_candidates_ci_low"] <= rule <= metrics["eval/rule/single_candidates_ci_high"]
     assert rule == 1.0  # forced cells alone solve every 4x4 puzzle with half its cells blank
     assert not any(key.startswith("eval/hard/") for key in metrics) and "eval/optimum_moves" not in metrics
-    said = rules_verdict(
-        {
-            "success": metrics["eval/success_rate"],
-            "ci": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
-        },
-        baselines_from_metrics(metrics, RULE_LABELS),
-    )
-    assert "the single-candidate rule" in said
+    verdicts = run_evidence(task, trainer.store, 0)["baselines"]
+    rule_verdict = verdicts["the single-candidate rule"]
+    assert rule_verdict.b_only == 8 - sum(e["success"] for e in trainer.store.rows("SELECT success FROM episodes"))
     events = trainer.store.rows("SELECT message FROM events WHERE kind = 'eval'")
     assert "single_candidates" in events[-1]["message"]
 
 
-def test_rules_verdict_words():
-    from mas_lab.reporting import rules_verdict
+def test_the_run_verdict_follows_the_paired_tests():
+    """Words come from the paired test on the same problems, never from overlapping intervals."""
+    from mas_lab.paired import compare_paired
+    from mas_lab.reporting import paired_verdict
 
-    rules = {
-        "constant": {"label": "the best constant answer", "success": 0.15, "ci": [0.09, 0.26]},
-        "rows_first": {"label": "the rows-first reading rule", "success": 0.9, "ci": [0.80, 0.95]},
-        "one_step": {"label": "one legal move toward the goal per turn", "success": 0.70, "ci": [0.58, 0.80]},
+    def outcomes(both, a_only, b_only, neither):
+        return [True] * (both + a_only) + [False] * (b_only + neither), [True] * both + [False] * a_only + [
+            True
+        ] * b_only + [False] * neither
+
+    evidence = {
+        "problems": 64,
+        "change": compare_paired([outcomes(3, 41, 0, 20)]),
+        "baselines": {
+            "the best constant answer": compare_paired([outcomes(10, 34, 0, 20)]),
+            "the rows-first reading rule": compare_paired([outcomes(44, 0, 11, 9)]),
+            "one legal move toward the goal per turn": compare_paired([outcomes(44, 0, 1, 19)]),
+        },
     }
-    said = rules_verdict({"success": 0.688, "ci": [0.566, 0.788]}, rules)
-    assert said == (
-        "above the best constant answer (0.150); level with one legal move toward the goal per turn "
-        "(0.700); below the rows-first reading rule (0.900)"
-    )
+    said = paired_verdict({"success": 3 / 64}, {"success": 44 / 64}, evidence)
+    assert said.startswith("held-out success 0.047 -> 0.688 on the same 64 problems: better after training (n=64")
+    assert "above the best constant answer (n=64, discordant 34/0" in said
+    assert "below the rows-first reading rule (n=64, discordant 0/11" in said
+    assert "not distinguishable from one legal move toward the goal per turn (n=64, discordant 0/1" in said
+    assert "level with" not in said

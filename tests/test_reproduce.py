@@ -33,7 +33,7 @@ def _toy_family(out):
 PLAN_PATH = "plan_path"
 
 
-def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it():
+def test_the_reproduction_table_has_a_constant_answer_row():
     reproduce = _reproduce_module()
     runs = [
         {
@@ -50,44 +50,57 @@ def test_the_reproduction_table_has_a_constant_answer_row_and_orders_against_it(
     expected = [reproduce.constant_baseline("tasks/plan_path_learns.yaml", seed) for seed in (0, 1)]
     assert constant["n"] == 128 and abs(constant["pooled"] - sum(b.solved for b in expected) / 128) < 1e-12
     assert any(line.startswith("| constant answer (no model) | 0, 1 |") for line in lines)
-    assert "MAS + AT-GRPO shared above constant answer (no model)" in reproduce.orderings(rows)
 
 
-def test_the_table_has_the_reading_rules_rows_and_orders_against_them():
+KEPT = "results/reproduce/plan_path/mas--at-grpo-shared/seed-0"
+
+
+def _kept_run(folder: str) -> dict:
+    from conftest import ROOT
+
+    return {**json.loads((ROOT / folder / "summary.json").read_text()), "store": str(ROOT / folder / "run.db.xz")}
+
+
+def test_the_table_has_the_reading_rules_rows_and_the_paired_verdicts_against_them():
     """Every baseline without a model has a row on the same held-out problems: on make run's seed 0,
-    rows first 55/64, either order 63/64, one move a turn 45/64; a regime below a rule is named so."""
+    rows first 55/64, either order 63/64, one move a turn 45/64. The kept run's 44 solved problems
+    are a strict subset of rows-first's 55 (the outside recount): paired, it is below that rule
+    (0/11 discordant), where the overlapping intervals once said "level with"."""
     reproduce = _reproduce_module()
-    runs = [
-        {
-            "regime": "MAS + AT-GRPO shared",
-            "seed": 0,
-            "task": "tasks/plan_path_learns.yaml",
-            "cpu_s": 60.0,
-            "summary": {"eval_before": 0.0, "eval_after": 44 / 64},
-        }
-    ]
-    lines, rows = reproduce.table(runs, reproduce.FAMILIES[PLAN_PATH])
+    run = _kept_run(KEPT)
+    lines, rows = reproduce.table([run], reproduce.FAMILIES[PLAN_PATH])
     assert rows["reading rule, rows first (no model)"]["pooled"] == 55 / 64
     assert rows["reading rule, either order (no model)"]["pooled"] == 63 / 64
     assert rows["one move toward the goal a turn (no model)"]["pooled"] == 45 / 64
     assert "1 problems need a detour" in next(line for line in lines if line.startswith("| reading rule, either"))
-    assert "reading rule, either order (no model) above MAS + AT-GRPO shared" in reproduce.orderings(rows)
+    found = reproduce.outcomes(rows, run["task"])
+    assert sum(found["MAS + AT-GRPO shared"][0].values()) == 44
+    said = reproduce.baseline_verdicts(rows, found)["MAS + AT-GRPO shared"]
+    assert "below reading rule, rows first (n=64, discordant 0/11, exact McNemar p=0.000977" in said
+    assert "not distinguishable from one move toward the goal a turn (n=64, discordant 0/1" in said
+    assert "above constant answer (n=64, discordant " in said
+    assert "level with" not in said
 
 
-def test_an_ordering_that_one_seed_contradicts_is_not_claimed():
-    """Pooled intervals count every seed's episodes as one sample; a seed on which the order flips
-    withholds the claim and is named."""
+def test_orderings_follow_the_paired_test_and_a_seed_going_the_other_way_withholds_the_claim():
+    """Three seeds of 20 problems each: A beats C on every seed, A beats B pooled but seed 1 goes
+    the other way, B and C tie on their discordant problems."""
     reproduce = _reproduce_module()
-    rows = {
-        "A": {"low": 0.6, "high": 0.8, "by_seed": {0: 0.9, 1: 0.5}},
-        "B": {"low": 0.1, "high": 0.3, "by_seed": {0: 0.1, 1: 0.55}},
-        "C": {"low": 0.0, "high": 0.05, "by_seed": {0: 0.0, 1: 0.0, 2: 0.1}},
+
+    def seed_of(solved: list[int]) -> dict[str, bool]:
+        return {f"p{i}": i in solved for i in range(20)}
+
+    found = {
+        "A": {s: seed_of(list(range(12))) for s in (0, 1, 2)},
+        "B": {0: seed_of([0, 1]), 1: seed_of(list(range(14))), 2: seed_of([0])},
+        "C": {s: seed_of([0, 1, 15]) for s in (0, 1, 2)},
     }
-    found = reproduce.orderings(rows)
-    assert "A above B" not in found
-    assert "not claimed: A above B (the pooled intervals are apart, but seed 1 gives 0.500 against 0.550)" in found
-    assert {"A above C", "B above C"} <= set(found)
-    assert found.index("B above C") < found.index(next(f for f in found if f.startswith("not claimed")))
+    claimed, lines = reproduce.orderings(["A", "B", "C"], found)
+    assert claimed == ["A above C"]
+    row = next(line for line in lines if line.startswith("| A | B |"))
+    assert "| 10/0, 0/2, 11/0 |" in row and row.endswith("| not distinguishable |")
+    assert next(line for line in lines if line.startswith("| A | C |")).endswith("| A above C |")
+    assert next(line for line in lines if line.startswith("| B | C |")).endswith("| not distinguishable |")
 
 
 def test_every_reproduction_family_has_its_three_task_files_with_one_budget():

@@ -225,46 +225,91 @@ def baseline_rows(rows: dict[str, dict]) -> list[str]:
     return [name for name in rows if name.endswith("(no model)")]
 
 
-def baseline_verdicts(rows: dict[str, dict]) -> dict[str, str]:
-    """Each model row against every baseline row, in words ("above the constant answer; level with
-    ...; below ..."), from the pooled intervals."""
-    from mas_lab.reporting import rules_verdict
+def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) -> dict[str, dict[int, dict]]:
+    """Each row's held-out outcome per problem, per seed: {row: {seed: {problem id: solved}}}. A
+    trained row's from its runs' final evaluation, an untrained row's from their step-0 evaluation
+    (kept stores), a baseline row's replayed without a model on that seed's held-out problems."""
+    from mas_lab.baselines import RULE_ROWS, baseline_outcomes
+    from mas_lab.config import load_task
+    from mas_lab.envs import ENVS, ProblemPool
 
-    baselines = {
-        name: {
-            "label": name.removesuffix(" (no model)"),
-            "success": rows[name]["pooled"],
-            "ci": [rows[name]["low"], rows[name]["high"]],
-        }
-        for name in baseline_rows(rows)
-    }
-    return {
-        name: rules_verdict({"success": row["pooled"], "ci": [row["low"], row["high"]]}, baselines)
-        for name, row in rows.items()
-        if name not in baselines
-    }
-
-
-def orderings(rows: dict[str, dict]) -> list[str]:
-    """The pairs whose pooled intervals do not overlap and whose order holds on every seed both rows
-    have: pooling counts the seeds' episodes as one sample, which understates the spread between
-    seeds, so a pair that one seed contradicts is named as not claimed."""
-    claimed, contradicted = [], []
-    for a in rows:
-        for b in rows:
-            if a == b or rows[a]["low"] <= rows[b]["high"]:
+    out: dict[str, dict[int, dict]] = {}
+    for name, row in rows.items():
+        for r in row["runs"]:
+            which = r["summary"].get("after" if row["trained"] else "before") or {}
+            if "step" not in which:
                 continue
-            shared = sorted(rows[a]["by_seed"].keys() & rows[b]["by_seed"].keys())
-            against = "; ".join(
-                f"seed {s} gives {rows[a]['by_seed'][s]:.3f} against {rows[b]['by_seed'][s]:.3f}"
-                for s in shared
-                if rows[a]["by_seed"][s] <= rows[b]["by_seed"][s]
+            with kept_store(r) as store:
+                out.setdefault(name, {})[r["seed"]] = store.eval_outcomes(which["step"])
+    baseline_names = {"constant": "constant answer (no model)", **RULE_ROWS}
+    task = load_task(root / task_file)
+    seeds = sorted({seed for by_seed in out.values() for seed in by_seed})
+    for seed in seeds:
+        problems = ProblemPool(ENVS[task.env.name], task.env.params, seed, task.train.eval_problems).eval_set
+        for key, (_, solved) in baseline_outcomes(task, problems).items():
+            if baseline_names.get(key) in rows:
+                out.setdefault(baseline_names[key], {})[seed] = {p.id: s for p, s in zip(problems, solved)}
+    return out
+
+
+def paired_rows(found: dict[str, dict[int, dict]], a: str, b: str):
+    """Row `a` against row `b` on the problems both have, seed by seed (mas_lab/paired.py); None
+    where they share no seed."""
+    from mas_lab.paired import compare_paired
+
+    pairs = []
+    for seed in sorted(found.get(a, {}).keys() & found.get(b, {}).keys()):
+        x, y = found[a][seed], found[b][seed]
+        common = [pid for pid in x if pid in y]
+        if common:
+            pairs.append(([x[pid] for pid in common], [y[pid] for pid in common]))
+    return compare_paired(pairs) if pairs else None
+
+
+def baseline_verdicts(rows: dict[str, dict], found: dict[str, dict[int, dict]]) -> dict[str, str]:
+    """Each model row against every baseline row, paired on the same problems of each seed, in the
+    words of the paired test ("above ...; not distinguishable from ...; below ..."), each with n,
+    the discordant counts per seed and the exact p-value."""
+    from mas_lab.paired import sentence
+
+    baselines = baseline_rows(rows)
+    out = {}
+    for name in rows:
+        if name in baselines:
+            continue
+        verdicts = {
+            b.removesuffix(" (no model)"): v for b in baselines if (v := paired_rows(found, name, b)) is not None
+        }
+        if verdicts:
+            out[name] = sentence(verdicts)
+    return out
+
+
+def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list[str], list[str]]:
+    """Every pair of regimes, paired on the same held-out problems seed by seed: the orderings the
+    paired test supports (significant pooled over seeds, and no seed the other way), and a table
+    of every pair with its discordant counts per seed, p-value and difference."""
+    claimed: list[str] = []
+    lines = [
+        "| regime A | regime B | discordant A only / B only, per seed | exact p | A - B [95%] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            v = paired_rows(found, a, b)
+            if v is None:
+                continue
+            low, high = v.diff_ci
+            per_seed = ", ".join(f"{s.a_only}/{s.b_only}" for s in v.seeds)
+            word = {"above": f"{a} above {b}", "below": f"{b} above {a}"}.get(v.word, "not distinguishable")
+            lines.append(
+                f"| {a} | {b} | {per_seed} | {v.p_value:.3g} | {v.diff:+.3f} [{low:+.2f}, {high:+.2f}] | {word} |"
             )
-            if against:
-                contradicted.append(f"not claimed: {a} above {b} (the pooled intervals are apart, but {against})")
-            else:
+            if v.word == "above":
                 claimed.append(f"{a} above {b}")
-    return (claimed + contradicted) or ["no pair of regimes has non-overlapping intervals: no ordering is claimed"]
+            elif v.word == "below":
+                claimed.append(f"{b} above {a}")
+    return claimed, lines
 
 
 def progress(folder: Path) -> str:
@@ -457,6 +502,8 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     image = Path(family.images) / family.image
     lines, rows = table(results, family)
     plot(results, image, rows.get("constant answer (no model)"), family.names)
+    found = outcomes(rows, results[0]["task"], Path(family.root))
+    claimed, pair_lines = orderings([n for n in rows if rows[n]["trained"]], found)
     swaps = swap_lines(results)
     cpu_h = sum(r["cpu_s"] for r in results) / 3600
     wall_h = sum(r["wall_s"] for r in results) / 3600
@@ -485,8 +532,9 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. The reading-rule "
         "rows answer from the observation with a few lines of code and no model (the straight way to the goal, rows "
         "first; the same with columns first when rows first is blocked; one legal move toward the goal a turn): a "
-        "regime level with them has learned to read, and only one above them plans. Intervals are 95% "
-        "Wilson intervals of the success pooled over seeds. Each finished run's summary and store are kept in "
+        "regime not distinguishable from them may have learned to read, and only one above them plans. Intervals "
+        "in the table are 95% Wilson intervals of the success pooled over seeds (they treat seeds' episodes as one "
+        "sample: the per-seed values show the spread); every comparison in words is paired on the same problems. Each finished run's summary and store are kept in "
         f"`{_shown(family, family.archive_dir)}/<regime>/seed-<n>/` with the resolved task.yaml: after "
         "`xz -dk run.db.xz` the folder is a run for `mas-lab replay` and `mas-lab tui`.",
         "",
@@ -505,13 +553,16 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         + precision_line(results)
         + reused_line(results),
         "",
-        "Against the baselines without a model (pooled 95% intervals): "
-        + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(rows).items()),
+        "Against the baselines without a model, paired on the same held-out problems of each seed (exact "
+        "McNemar per seed, the exact stratified test over seeds; `mas_lab/paired.py`): "
+        + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(rows, found).items()),
         "",
-        "Orderings between the regimes that the intervals support (pooled intervals apart, and the same order on "
-        "every seed both regimes ran): "
-        + "; ".join(orderings({name: row for name, row in rows.items() if name not in baseline_rows(rows)}))
+        "Orderings between the regimes that the paired test supports (significant at 0.05 pooled over seeds, "
+        "and no seed the other way): "
+        + ("; ".join(claimed) if claimed else "none: no pair of regimes is distinguishable")
         + ".",
+        "",
+        *pair_lines,
         "",
     ]
     if starts := starts_line(results):

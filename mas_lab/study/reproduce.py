@@ -37,7 +37,17 @@ import json
 from mas_lab.study.driver import run_study, summary_rows
 from mas_lab.study.families import FAMILIES, Family, slug
 from mas_lab.study.plots import curves, mean_curve
-from mas_lab.study.report import constant_baseline, orderings, precision_line, report, rule_baselines, swap_lines, table
+from mas_lab.study.report import (
+    baseline_verdicts,
+    constant_baseline,
+    orderings,
+    outcomes,
+    precision_line,
+    report,
+    rule_baselines,
+    swap_lines,
+    table,
+)
 from mas_lab.study.runner import STORE, archive_folder, complete, run_regime
 
 __all__ = [
@@ -45,11 +55,13 @@ __all__ = [
     "STORE",
     "Family",
     "archive_folder",
+    "baseline_verdicts",
     "complete",
     "constant_baseline",
     "curves",
     "mean_curve",
     "orderings",
+    "outcomes",
     "precision_line",
     "report",
     "rule_baselines",
