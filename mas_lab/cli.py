@@ -148,6 +148,8 @@ def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
 
 
 def _print_summary(opened: runs.Run, summary: dict) -> None:
+    from mas_lab.reporting import update_text
+
     task, run_dir, tracker = opened.task, opened.run_dir, opened.tracker
     metrics = opened.store.metrics()
     train_steps = [m for m in metrics.values() if "time/step" in m]
@@ -193,6 +195,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
             else []
         ),
         ("so", summary.get("verdict", "")),
+        ("what the updates did", update_text(summary.get("update") or {}) or "-"),
         ("steps", str(len(train_steps))),
         ("mean step time (s)", f"{mean('time/step'):.2f}" if train_steps else "-"),
         ("  rollout / reward / learner / sync / other", " / ".join(f"{mean(key):.2f}" for key in TIME_KEYS)),

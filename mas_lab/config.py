@@ -158,11 +158,19 @@ class Algorithm(_Strict):
         description="dual-clip constant c > 1: the loss of a negative-advantage "
         "token is capped at -c * A (Ye et al. 2020)",
     )
-    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = Field(
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
         "token_mean",
         description="token_mean: mean over all response tokens of the batch (DAPO's token-level loss, Yu et al. "
         "2025: a long response weighs by its tokens); seq_mean_token_mean: mean per sequence, then over sequences "
-        "(GRPO, Shao et al. 2024)",
+        "(GRPO, Shao et al. 2024); constant: the sum over the trained tokens divided by a fixed token budget, "
+        "algorithm.loss_tokens (Dr. GRPO, Liu et al. 2025: a step that trains fewer samples, after the zero-std "
+        "filter, takes a smaller step instead of the same one)",
+    )
+    loss_tokens: Optional[int] = Field(
+        None,
+        ge=1,
+        description="the fixed token budget of loss_agg: constant (e.g. problems_per_step x roles x turns x K x "
+        "max_new_tokens); required there, unused otherwise",
     )
     lr: float = Field(1e-5, gt=0.0, description="AdamW learning rate")
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
@@ -244,6 +252,12 @@ class Algorithm(_Strict):
         if k < 2:
             raise ValueError("must be at least 2: a group of one candidate has no relative advantage")
         return k
+
+    @model_validator(mode="after")
+    def _constant_needs_a_budget(self):
+        if self.loss_agg == "constant" and self.loss_tokens is None:
+            raise ValueError("loss_agg: constant divides by a fixed token budget: set algorithm.loss_tokens")
+        return self
 
     @field_validator("tis_cap")
     @classmethod

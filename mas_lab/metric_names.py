@@ -11,6 +11,8 @@ LEARNER_METRICS = (
     "nll",
     "clip_frac",
     "grad_norm",
+    "grad_norm_clipped",
+    "grad_clip_frac",
     "samples",
     "tokens",
     "mismatch_abs",

@@ -31,6 +31,10 @@ PANELS = {
     "reward_per_agent_turn": ("mean reward per (agent, turn)", ["reward/*/t"]),
     "team": ("team reward and zero-std share of groups", ["team_reward", "zero_std_frac"]),
     "learner": ("loss, grad norm, clip fraction per policy", ["loss/", "grad_norm/", "clip_frac/"]),
+    "update": (
+        "what each update did per policy: grad norm before and after the clip, share of optimizer steps it bound",
+        ["grad_norm/", "grad_norm_clipped/", "grad_clip_frac/"],
+    ),
     "per_agent": (
         "per agent: advantage spread, and gradient norm of its own samples (algorithm.role_grad_norms)",
         ["adv_std/", "grad_norm_role/"],
@@ -50,6 +54,8 @@ PANELS = {
     "curriculum": ("curriculum stage (the task's own problems: the last)", ["curriculum/stage"]),
     "time": ("step time split (s)", list(TIME_KEYS)),
 }
+# a panel drawn only for runs that record its own metric (older stores have grad_norm but no clip share)
+REQUIRES = {"update": "grad_clip_frac/"}
 BASELINE_STYLES = {
     "constant": ("grey", "--"),
     "rows_first": ("tab:orange", ":"),
@@ -76,7 +82,8 @@ def panel_series(store: RunStore) -> dict[str, tuple[str, dict[str, list[tuple[i
     out = {}
     for panel, (title, patterns) in PANELS.items():
         chosen = [k for k in keys if any(_matches(k, p) for p in patterns)]
-        if chosen:
+        needed = REQUIRES.get(panel)
+        if chosen and (needed is None or any(_matches(k, needed) for k in chosen)):
             out[panel] = (title, {key: store.series(key) for key in chosen})
     return out
 

@@ -102,6 +102,44 @@ def reward_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float
     return out
 
 
+def update_diagnostics(metrics: Mapping[int, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """What the updates of a run did, per policy, from its steps' metrics: the share of optimizer
+    steps whose gradient-norm clip bound (the step was scaled down to `grad_clip`), the median
+    gradient norm before and after the clip, the training steps that updated it and the samples
+    and tokens they trained, and the widest PPO ratio seen (exactly 1 with one epoch and one
+    mini-batch: logp_old is logp itself). Steps of an older store without the clip share count
+    nowhere."""
+    out: dict[str, dict[str, float]] = {}
+    policies = sorted({k.split("/", 1)[1] for m in metrics.values() for k in m if k.startswith("grad_clip_frac/")})
+    for policy in policies:
+        steps = [m for m in metrics.values() if f"grad_clip_frac/{policy}" in m and m.get(f"samples/{policy}", 0) > 0]
+        if not steps:
+            continue
+        before = [m[f"grad_norm/{policy}"] for m in steps if f"grad_norm/{policy}" in m]
+        after = [m[f"grad_norm_clipped/{policy}"] for m in steps if f"grad_norm_clipped/{policy}" in m]
+        out[policy] = {
+            "steps": float(len(steps)),
+            "clip_bound_share": statistics.fmean(m[f"grad_clip_frac/{policy}"] for m in steps),
+            "grad_norm_median": statistics.median(before) if before else math.nan,
+            "grad_norm_clipped_median": statistics.median(after) if after else math.nan,
+            "samples": float(sum(m.get(f"samples/{policy}", 0) for m in steps)),
+            "tokens": float(sum(m.get(f"tokens/{policy}", 0) for m in steps)),
+            "ratio_min": min((m[f"ratio_min/{policy}"] for m in steps if f"ratio_min/{policy}" in m), default=math.nan),
+            "ratio_max": max((m[f"ratio_max/{policy}"] for m in steps if f"ratio_max/{policy}" in m), default=math.nan),
+        }
+    return out
+
+
+def update_text(diagnostics: Mapping[str, Mapping[str, float]]) -> str:
+    """The update diagnostics in one line per policy."""
+    return "; ".join(
+        f"{policy}: clip bound on {d['clip_bound_share']:.0%} of optimizer steps over {int(d['steps'])} steps, "
+        f"grad norm median {d['grad_norm_median']:.3g} before the clip, {d['grad_norm_clipped_median']:.3g} after; "
+        f"PPO ratio in [{d['ratio_min']:.3g}, {d['ratio_max']:.3g}]"
+        for policy, d in diagnostics.items()
+    )
+
+
 def baselines_from_metrics(metrics: Mapping[str, float], labels: Mapping[str, str], prefix: str = "eval/") -> dict:
     """The baselines without a model an evaluation stored (`{prefix}constant_success` and
     `{prefix}rule/NAME`, each with its interval) as {name: {label, success, ci}}, for the summary's table rows."""

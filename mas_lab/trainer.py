@@ -34,6 +34,7 @@ from mas_lab.reporting import (
     hard_split_text,
     paired_verdict,
     reward_metrics,
+    update_diagnostics,
     verdict,
     wilson_interval,
 )
@@ -464,6 +465,7 @@ class Trainer:
                 else None
             ),
             "verdict": said,
+            "update": update_diagnostics(metrics),
             "paired": {
                 key: (
                     value.as_dict()

@@ -295,3 +295,32 @@ def test_the_kl_penalty_pulls_towards_the_initial_policy_and_survives_a_checkpoi
     assert a["kl_penalty"] > 0 and a["kl_penalty"] == b["kl_penalty"] and a["loss"] == b["loss"]
     with torch.no_grad():  # the reference stayed where RL started
         assert not torch.equal(next(learner.model.parameters()), next(learner.kl_references["shared"].parameters()))
+
+
+def test_the_update_reports_the_norm_before_and_after_the_clip_and_how_often_it_bound():
+    """grad_norm is the norm before the clip; grad_norm_clipped what the optimizer step used;
+    grad_clip_frac the share of optimizer steps the clip scaled down (the credit arms once took
+    different effective step sizes: the clip bound on 99-100% of some arms' steps, ~18% of others')."""
+    generations, learner = sampled(0.7, 0.9)
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7) for i, g in enumerate(generations)]
+    learner.algo = Algorithm(grad_clip=1e-6, mini_batches=2)
+    tight = learner.update({"shared": samples})["shared"]
+    assert tight["grad_norm"] > 1e-6 and tight["grad_norm_clipped"] == 1e-6 and tight["grad_clip_frac"] == 1.0
+    _, loose_learner = sampled(0.7, 0.9)
+    loose_learner.algo = Algorithm(grad_clip=1e9)
+    loose = loose_learner.update({"shared": samples})["shared"]
+    assert loose["grad_norm_clipped"] == loose["grad_norm"] > 0 and loose["grad_clip_frac"] == 0.0
+
+
+def test_the_constant_normaliser_divides_the_summed_loss_by_a_fixed_budget():
+    """loss_agg constant (Dr. GRPO): the same samples give token_mean's loss x tokens / loss_tokens,
+    so a step whose filter kept fewer tokens takes a proportionally smaller step."""
+    generations, learner = sampled(0.7, 0.9)
+    samples = [Sample(g.prompt_ids, g.response_ids, 1.0 if i % 2 else -1.0, 0.7) for i, g in enumerate(generations)]
+    learner.algo = Algorithm(lr=1e-12)
+    mean = learner.update({"shared": samples})["shared"]
+    _, other = sampled(0.7, 0.9)
+    other.algo = Algorithm(lr=1e-12, loss_agg="constant", loss_tokens=1000)
+    constant = other.update({"shared": samples})["shared"]
+    assert abs(constant["loss"] - mean["loss"] * mean["tokens"] / 1000) < 1e-6
+    assert abs(constant["grad_norm"] - mean["grad_norm"] * mean["tokens"] / 1000) < 1e-4 * mean["grad_norm"]

@@ -31,7 +31,7 @@ def clipped_policy_loss(
     """Loss of a (micro-)batch. logp, logp_old, mask: [B, L]; advantages: [B].
 
     `normalizer` is the token count (token_mean) or sequence count (seq_mean_token_mean) of the
-    whole batch, so micro-batches accumulate to exactly the full-batch loss. `is_weights` ([B, L],
+    whole batch, or a fixed token budget (constant: Dr. GRPO, Liu et al. 2025), so micro-batches accumulate to exactly the full-batch loss. `is_weights` ([B, L],
     no gradient): per-token importance weights (truncated IS), 1 where omitted.
     """
     mask = mask.to(logp.dtype)
@@ -44,7 +44,9 @@ def clipped_policy_loss(
         per_token = torch.where(adv < 0, torch.minimum(per_token, -dual_clip * adv), per_token)
     if is_weights is not None:
         per_token = per_token * is_weights.detach().to(per_token.dtype)
-    if agg == "token_mean":
+    if agg in ("token_mean", "constant"):  # constant: the normalizer is a fixed token budget (Dr. GRPO)
+        if agg == "constant" and normalizer is None:
+            raise ValueError("loss aggregation 'constant' needs its fixed token budget as the normalizer")
         denominator = normalizer if normalizer is not None else mask.sum().clamp(min=1.0)
         loss = (per_token * mask).sum() / denominator
     elif agg == "seq_mean_token_mean":

@@ -220,7 +220,16 @@ class Learner:
         started = time.perf_counter()
         optimizer, params = self.optimizers[name], self.params[name]
         if not samples:
-            return {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "learner_s": 0.0}
+            return {
+                "loss": 0.0,
+                "clip_frac": 0.0,
+                "grad_norm": 0.0,
+                "grad_norm_clipped": 0.0,
+                "grad_clip_frac": 0.0,
+                "samples": 0,
+                "tokens": 0,
+                "learner_s": 0.0,
+            }
         algo = self.algo
         parts = max(1, min(algo.mini_batches, len(samples)))
         minis = [self._micro_batches(samples[i::parts]) for i in range(parts)]
@@ -234,15 +243,18 @@ class Learner:
         role_norms = self._role_grad_norms(samples, params) if algo.role_grad_norms else {}
         reference = self._kl_reference(name, samples)
         total_loss, clipped, grad_norm, nll, kl_sum = 0.0, 0.0, 0.0, 0.0, 0.0
+        optimizer_steps, clip_bound = 0, 0  # how often the gradient-norm clip scaled the step down
         ratio_sum, ratio_min, ratio_max = 0.0, math.inf, -math.inf
         for epoch in range(algo.epochs):
             epoch_loss = 0.0
             for m, micro in enumerate(minis):
                 optimizer.zero_grad(set_to_none=True)
                 part_tokens = sum(float(b.mask.sum()) for b in micro)
-                normalizer = (
-                    part_tokens if algo.loss_agg == "token_mean" else float(sum(len(b.advantages) for b in micro))
-                )
+                normalizer = {
+                    "token_mean": part_tokens,
+                    "seq_mean_token_mean": float(sum(len(b.advantages) for b in micro)),
+                    "constant": float(algo.loss_tokens or 1) / parts,
+                }[algo.loss_agg]
                 for i, batch in enumerate(micro):
                     logp = self._logp(batch)
                     if epoch == 0:
@@ -281,11 +293,16 @@ class Learner:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo.grad_clip))
                 if math.isfinite(grad_norm):
                     optimizer.step()
+                    optimizer_steps += 1
+                    clip_bound += grad_norm > algo.grad_clip
             total_loss = epoch_loss / parts
         return {
             "loss": total_loss,
             "clip_frac": clipped / max(tokens * algo.epochs, 1.0),
-            "grad_norm": grad_norm,
+            "grad_norm": grad_norm,  # before the clip, of the last optimizer step
+            # the norm the optimizer step used (after the clip), and the share of optimizer steps the clip bound
+            "grad_norm_clipped": min(grad_norm, algo.grad_clip) if math.isfinite(grad_norm) else grad_norm,
+            "grad_clip_frac": clip_bound / optimizer_steps if optimizer_steps else 0.0,
             "samples": len(samples),
             "tokens": tokens,
             "nll": nll / tokens if tokens else 0.0,  # mean -log p of the trained tokens before the update
