@@ -50,6 +50,13 @@ CREATE INDEX IF NOT EXISTS groups_step ON groups (step);
 # (the weight version of the policy that generated the candidate). Older stores are upgraded
 # when opened for writing.
 SCHEMA_VERSION = 3
+# the columns added since the first schema, with the version that added them: older stores are
+# upgraded when opened for writing, and read as if upgraded when opened read-only
+ADDED_COLUMNS = (
+    ("candidates", "logprobs", "BLOB"),  # 2
+    ("turns", "system", "TEXT"),  # 2
+    ("candidates", "policy_version", "INTEGER"),  # 3
+)
 
 
 def decode_logprobs(blob: bytes | None) -> list[float]:
@@ -79,6 +86,7 @@ class RunStore:
             if not meta:
                 self.db.close()
                 raise StoreError(f"{self.path}: not a mas-lab run store (it has no meta table)")
+            self._read_as_current()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
@@ -88,11 +96,7 @@ class RunStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a committed step survives a power loss
         self.db.executescript(SCHEMA)
-        for table, column, kind in (
-            ("candidates", "logprobs", "BLOB"),
-            ("turns", "system", "TEXT"),
-            ("candidates", "policy_version", "INTEGER"),
-        ):
+        for table, column, kind in ADDED_COLUMNS:
             if column not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -141,6 +145,19 @@ class RunStore:
         except sqlite3.OperationalError:  # a WAL store on read-only media: no -shm can be made
             db.close()
             return sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False, timeout=10)
+
+    def _read_as_current(self) -> None:
+        """An older store opened read-only reads as the current schema: a table that lacks a column
+        added since (ADDED_COLUMNS) is shadowed by a TEMP view of it with that column NULL (SQLite
+        looks up temp objects first; the file is not touched), so every reader's query works on
+        every store an older mas-lab wrote."""
+        missing: dict[str, list[str]] = {}
+        for table, column, _ in ADDED_COLUMNS:
+            if column not in {row[1] for row in self.db.execute(f"PRAGMA main.table_info({table})")}:
+                missing.setdefault(table, []).append(column)
+        for table, columns in missing.items():
+            extra = ", ".join(f"NULL AS {column}" for column in columns)
+            self.db.execute(f"CREATE TEMP VIEW {table} AS SELECT *, {extra} FROM main.{table}")
 
     def _check_version(self) -> None:
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
