@@ -720,26 +720,47 @@ def stored_task_data(data: dict) -> dict:
     return data
 
 
+def read_yaml_file(path: Path, what: str) -> Any:
+    """A task or study file's YAML behind every guard: at most MAX_TASK_BYTES, UTF-8, no alias
+    expansion past MAX_YAML_NODES, no key twice in one section, no nesting deeper than Python's
+    recursion limit. Raises ValueError with one line naming the file (and line, for syntax)."""
+    size = path.stat().st_size
+    if size > MAX_TASK_BYTES:
+        raise ValueError(f"{path}: {size} bytes; a {what} is at most {MAX_TASK_BYTES}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (expected UTF-8 YAML)") from None
+    try:
+        return _safe_yaml(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(yaml_error(path, exc)) from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a {what} (sections are a few levels deep)") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def yaml_error(path: Path, exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as one line that names the file, the line and the column (PyYAML's own
+    text names "<unicode string>", the string it was handed)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
 def load_task(path: str | Path, overrides: list[str] | None = None, stored: bool = False) -> TaskConfig:
     """Read, override and validate a task file, or raise TaskFileError naming file and field.
     `stored`: the file is a run's own task.yaml (stored_task_data)."""
     path = Path(path)
     if not path.is_file():
         raise TaskFileError(f"{path}: no such task file")
-    if path.stat().st_size > MAX_TASK_BYTES:
-        raise TaskFileError(f"{path}: {path.stat().st_size} bytes; a task file is at most {MAX_TASK_BYTES}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TaskFileError(f"{path}: not a text file (expected UTF-8 YAML)") from None
-    try:
-        data = _safe_yaml(text)
-    except yaml.YAMLError as exc:
-        raise TaskFileError(f"{path}: not valid YAML: {str(exc)[:500]}") from None
+        data = read_yaml_file(path, "task file")
     except ValueError as exc:
-        raise TaskFileError(f"{path}: {exc}") from None
-    except RecursionError:
-        raise TaskFileError(f"{path}: nested too deeply to be a task file (sections are a few levels deep)") from None
+        raise TaskFileError(str(exc)) from None
     if not isinstance(data, dict):
         raise TaskFileError(f"{path}: expected a mapping of sections (env, roles, policies, ...)")
     if stored:

@@ -24,8 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from mas_lab.study.families import Family, Regime
 
@@ -48,10 +47,12 @@ class RegimeSpec(_Strict):
 
 
 class TaskSpec(_Strict):
-    key: str = Field(pattern=KEY, description="the task's name in the study (lower case, digits, _ and -)")
-    stem: str = Field(pattern=KEY, description="what {stem} becomes in the regimes' task files")
-    title: str = Field("", description="the report's heading")
-    setting: str = Field("", description="the settings in words, for the report")
+    key: str = Field(
+        pattern=KEY, max_length=80, description="the task's name in the study (lower case, digits, _ and -)"
+    )
+    stem: str = Field(pattern=KEY, max_length=80, description="what {stem} becomes in the regimes' task files")
+    title: str = Field("", max_length=500, description="the report's heading")
+    setting: str = Field("", max_length=2000, description="the settings in words, for the report")
     out: str = Field("", description="the work folder of its runs (default: <study out>/<key>)")
     archive: str = Field("", description="where finished runs are kept (default: <work folder>/archive)")
     reuse: dict[str, str] = Field(
@@ -71,10 +72,10 @@ class ReportSpec(_Strict):
 
 
 class StudySpec(_Strict):
-    name: str = Field(pattern=KEY, description="the study's name (its MLflow parent run)")
-    description: str = ""
+    name: str = Field(pattern=KEY, max_length=80, description="the study's name (its MLflow parent run)")
+    description: str = Field("", max_length=5000)
     out: str = Field("", description="the study folder (default: studies/<name> under the working folder)")
-    seeds: list[int] = Field([0, 1, 2], min_length=1)
+    seeds: list[StrictInt] = Field([0, 1, 2], min_length=1, max_length=1000)
     set: list[str] = Field([], description="overrides of every run")
     regimes: list[RegimeSpec] = Field(min_length=1)
     untrained: dict[str, str] = Field(
@@ -120,16 +121,16 @@ def _check_overrides(items: list[str]) -> list[str]:
 def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
     """The study's tasks as families (each with its regimes, seeds and folders), every task file
     checked to exist and to load with its overrides; or StudyFileError."""
-    from mas_lab.config import TaskFileError, load_task
+    from mas_lab.config import TaskFileError, load_task, read_yaml_file
 
     path = Path(path)
     root = (root or Path.cwd()).resolve()
     if not path.is_file():
         raise StudyFileError(f"{path}: no such study file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise StudyFileError(f"{path}: not valid YAML: {str(exc)[:300]}") from None
+        data = read_yaml_file(path, "study file")
+    except ValueError as exc:
+        raise StudyFileError(str(exc)) from None
     if not isinstance(data, dict):
         raise StudyFileError(f"{path}: expected a mapping (name, regimes, tasks, ...)")
     try:
@@ -137,6 +138,8 @@ def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
     except ValidationError as exc:
         raise StudyFileError(f"{path}: " + "; ".join(_describe(e) for e in exc.errors())) from None
     out = _path(root, spec.out or f"studies/{spec.name}")
+    if spec.report.results_md and _path(root, spec.report.results_md).is_dir():
+        raise StudyFileError(f"{path}: report.results_md: {spec.report.results_md} is a folder, not a Markdown file")
     families = []
     for t_index, task in enumerate(spec.tasks):
         regimes = []

@@ -1,0 +1,60 @@
+"""Study files go through the task files' guards (mas_lab/config.py read_yaml_file): one line
+naming the file, exit 2, never a traceback or a silent guess."""
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from mas_lab.study.spec import StudyFileError, load_study
+
+GOOD = (ROOT / "studies" / "paper.yaml").read_text()
+
+
+def _study(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("a: " + "[" * 20000 + "]" * 20000, "nested too deeply"),
+        ("name: x\nseeds: [true]\n", "seeds.0"),
+        ("name: x\nseeds: [0]\nseeds: [1]\n", "key 'seeds' appears twice"),
+        ("name: " + "x" * 500_000 + "\n", "name"),
+        ("name: x\nseeds: [\n", "s.yaml, line 3, column 1: not valid YAML"),
+    ],
+    ids=["deep nesting", "a boolean seed", "a duplicate key", "a huge name", "a syntax error"],
+)
+def test_a_hostile_study_file_is_refused_in_one_line_naming_the_file(tmp_path, text, said):
+    with pytest.raises(StudyFileError) as caught:
+        load_study(_study(tmp_path, text), ROOT)
+    message = str(caught.value)
+    assert said in message and str(tmp_path / "s.yaml") in message and "\n" not in message[:300]
+    assert "<unicode string>" not in message
+
+
+def test_a_study_file_over_the_size_limit_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("# " + "x" * (2 << 20))
+    with pytest.raises(StudyFileError, match="bytes; a study file is at most"):
+        load_study(path, ROOT)
+
+
+def test_a_report_target_that_is_a_folder_is_refused_when_the_study_loads(tmp_path):
+    (tmp_path / "folder.md").mkdir()
+    text = GOOD.replace("results_md: docs/results.md", f"results_md: {tmp_path / 'folder.md'}")
+    assert text != GOOD
+    with pytest.raises(StudyFileError, match="report.results_md: .* is a folder"):
+        load_study(_study(tmp_path, text), ROOT)
+
+
+def test_a_task_file_syntax_error_names_the_file_line_and_column(tmp_path):
+    from mas_lab.config import TaskFileError, load_task
+
+    path = tmp_path / "t.yaml"
+    path.write_text("name: x\nenv: [\n")
+    with pytest.raises(TaskFileError, match=r"t.yaml, line 3, column 1: not valid YAML"):
+        load_task(path)
