@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sqlite3
 import sys
 from enum import Enum
@@ -88,11 +89,19 @@ def run(
         highlight=False,
         soft_wrap=True,
     )
-    summary = _train_with_progress(opened, use_ray=not no_ray)
+    stopped_by: list[int] = []
+    summary = _train_with_progress(opened, use_ray=not no_ray, stopped_by=stopped_by)
     _print_summary(opened, summary)
+    if summary.get("stopped"):  # a run that did not finish never exits 0, the code of one that did
+        raise typer.Exit(128 + stopped_by[0] if stopped_by else STOPPED_ON_REQUEST)
 
 
-def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
+# exit codes of `run` (docs/cli.md): 0 finished, 1 failed, 2 a wrong task file or argument,
+# 128 + N stopped by signal N with a checkpoint (130: Ctrl+C, 143: SIGTERM), 3 stopped by `mas-lab stop`
+STOPPED_ON_REQUEST = 3
+
+
+def _train_with_progress(opened: runs.Run, use_ray: bool, stopped_by: list[int] | None = None) -> dict:
     columns = (
         TextColumn("step"),
         MofNCompleteColumn(),
@@ -128,6 +137,8 @@ def _train_with_progress(opened: runs.Run, use_ray: bool) -> dict:
                 )
 
         def on_signal(name: str) -> None:
+            if stopped_by is not None and not stopped_by:
+                stopped_by.append(int(signal.Signals[name]))
             bar.console.print(
                 f"\n{name}: stopping with a checkpoint at the next step boundary (send it again to abort at once)",
                 highlight=False,
@@ -220,6 +231,7 @@ def replay(
     """Print one saved episode turn by turn: every candidate, its reward and advantage, the chosen one."""
     from mas_lab.episode_text import format_episode
 
+    run_dir = _run_folder(run_dir)
     store = _open_store(run_dir)
     if step is None:
         step = store.first_step(kind.value) or 0
@@ -331,10 +343,17 @@ def tui(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="override a task field: key.path=value"),
 ) -> None:
     """The dashboard. A task file starts `mas-lab run` in the background and shows it live; a run
-    folder opens live while its run is running, in replay once it has finished (no Ray needed)."""
+    folder (or a kept run, run.db.xz) opens on the live screen: its charts, evaluations and events,
+    following the run while it runs; `r` switches to replay (no Ray needed)."""
+    from mas_lab.run_folder import is_run_folder
     from tui.app import MasLabApp
 
+    if not target.exists():
+        _fail(f"{target}: no such task file or run folder")
     if target.is_dir():
+        if not is_run_folder(target):
+            _fail(f"{target}: a folder, but not a run folder (no run.db, nor run.db.xz); a task file starts a run")
+        target = _run_folder(target)
         _open_store(target).close()  # a damaged or foreign store: one line, before anything else
     if not _terminal():
         _fail(
@@ -357,12 +376,22 @@ def tui(
         )
 
 
+def _run_folder(path: Path) -> Path:
+    """The folder holding the run's run.db: the run folder itself, or a kept run (run.db.xz)
+    unpacked into the cache (mas_lab/run_folder.py); one clear line otherwise."""
+    from mas_lab.run_folder import NotARunFolder, run_folder
+
+    try:
+        return run_folder(path)
+    except NotARunFolder as exc:
+        _fail(str(exc))
+
+
 def _open_store(run_dir: Path):
     """A run folder's store, read-only (requests go through a writable connection of their own)."""
     from mas_lab.store import RunStore, StoreError
 
-    if not (run_dir / "run.db").is_file():
-        _fail(f"{run_dir}: not a run folder (no run.db)")
+    run_dir = _run_folder(run_dir)
     try:
         store = RunStore(run_dir / "run.db", create=False)
     except StoreError as exc:
@@ -602,6 +631,7 @@ def export(
     reward and components, advantage, chosen, group kept, sampler log-probs, step, policy."""
     from mas_lab.export import export_records
 
+    run_dir = _run_folder(run_dir)
     _open_store(run_dir).close()
     first = last = None
     if steps:
@@ -668,7 +698,12 @@ def plot(
     """Write the run's charts as PNG files: held-out success with intervals, reward per role and
     per (agent, turn), team reward, zero-std share, learner and sampling diagnostics, time split."""
     from mas_lab.plots import plot_run
+    from mas_lab.run_folder import PACKED
 
+    kept = (run_dir / PACKED).is_file() and not (run_dir / "run.db").is_file()
+    if kept and output is None:
+        output = run_dir / "plots"  # beside the kept run, not in the cache it is read from
+    run_dir = _run_folder(run_dir)
     _open_store(run_dir).close()
     try:
         written = plot_run(run_dir, output or run_dir / "plots")

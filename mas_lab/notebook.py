@@ -16,9 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import lzma
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,15 +146,11 @@ def load_run(path: str | Path) -> RunData:
     """A run folder (runs/<run>, a sample run, a kept run with run.db.xz) as tables."""
     import yaml
 
+    from mas_lab.run_folder import run_folder
+
     folder = Path(path)
-    store_file, scratch = folder / "run.db", None
-    if not store_file.is_file() and (folder / "run.db.xz").is_file():
-        scratch = tempfile.TemporaryDirectory(prefix="mas-lab-run-")
-        store_file = Path(scratch.name) / "run.db"
-        with lzma.open(folder / "run.db.xz") as packed, open(store_file, "wb") as plain:
-            shutil.copyfileobj(packed, plain)
-    if not store_file.is_file():
-        raise FileNotFoundError(f"{folder}: no run.db (nor run.db.xz)")
+    scratch = None
+    store_file = run_folder(folder) / "run.db"  # a kept run (run.db.xz) is unpacked once, into the cache
     task_file = folder / "task.yaml"
     task = yaml.safe_load(task_file.read_text()) if task_file.is_file() else {}
     return RunData(folder, task, store_file, scratch)
@@ -195,7 +188,17 @@ class StudyData:
 
 
 def load_study(path: str | Path) -> StudyData:
-    """Every run folder under `path` (one with run.db or run.db.xz), by its relative path."""
+    """Every run folder under `path` (one with run.db or run.db.xz), by its relative path. A path
+    that does not exist, a file (a study *file*: give the folder its runs are kept in) or a folder
+    without a run is an error, not an empty study."""
     root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such folder")
+    if not root.is_dir():
+        raise NotADirectoryError(
+            f"{root}: a file; load_study takes the folder of a study's runs (its `out`, or results/<study>/<task>)"
+        )
     found = sorted({p.parent for pattern in ("**/run.db", "**/run.db.xz") for p in root.glob(pattern)})
+    if not found:
+        raise FileNotFoundError(f"{root}: no run folder (run.db or run.db.xz) under it")
     return StudyData(root, {str(folder.relative_to(root)): load_run(folder) for folder in found})

@@ -526,19 +526,38 @@ def start_in_background(
 
 
 # --- runs at a glance --------------------------------------------------------------------------
+def find_run_folders(folder: Path, depth: int = 4) -> list[Path]:
+    """The run folders (run.db or run.db.xz) at or under `folder`, down to `depth` levels, not
+    looking inside a run folder (its checkpoints)."""
+    from mas_lab.run_folder import is_run_folder
+
+    if is_run_folder(folder):
+        return [folder]
+    if depth == 0 or not folder.is_dir():
+        return []
+    found: list[Path] = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found += find_run_folders(child, depth - 1)
+    return found
+
+
 def list_runs(folder: Path) -> list[dict]:
-    """One row per run folder under `folder`: id, task, kind, status (true: a run whose process
-    died is "crashed"), step / total, eval success first and last, started, MLflow run id."""
+    """One row per run folder under `folder` (at any depth: a study's kept runs, run.db.xz, are
+    <regime>/seed-<n>/): id, task, kind, status (true: a run whose process died is "crashed"),
+    step / total, eval success first and last, started, MLflow run id."""
     import sqlite3
 
     from mas_lab.control import RunControl
+    from mas_lab.run_folder import NotARunFolder, run_folder
 
     rows: list[dict[str, Any]] = []
-    for run_dir in sorted(p for p in Path(folder).iterdir() if (p / "run.db").is_file()):
-        row = {"run": run_dir.name, "path": str(run_dir)}
+    for found in find_run_folders(Path(folder)):
+        name = str(found.relative_to(folder)) if found != Path(folder) else found.name
+        row = {"run": name, "path": str(found)}
         try:
+            run_dir = run_folder(found)
             store = RunStore(run_dir / "run.db", create=False)
-        except (StoreError, sqlite3.Error) as exc:
+        except (StoreError, sqlite3.Error, NotARunFolder) as exc:
             rows.append({**row, "status": f"unreadable: {exc}"})
             continue
         try:

@@ -231,7 +231,7 @@ def test_pause_from_another_process_holds_steps_and_resume_continues(tmp_path):
         stopped = cli("stop", run_dir, "--wait", cwd=tmp_path, timeout=120)
         assert stopped.returncode == 0, stopped.stderr
         out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
+        assert proc.returncode == 3, err[-2000:]  # stopped by `mas-lab stop`: not the 0 of a finished run
         final = state_of(run_dir)
         assert final["status"] == "stopped" and final["last_checkpoint"] == final["step"] < 400
         assert (run_dir / "checkpoints" / f"step-{final['step']:06d}" / "manifest.json").is_file()
@@ -241,13 +241,26 @@ def test_pause_from_another_process_holds_steps_and_resume_continues(tmp_path):
             proc.kill()
 
 
+def test_ctrl_c_stops_with_a_checkpoint_and_exits_130(tmp_path):
+    """One Ctrl+C: a graceful stop with a checkpoint, and exit 130 (128 + SIGINT), so a script can
+    tell a stopped run from a finished one (which exits 0)."""
+    proc = start("run", TOY, "--set", "train.steps=400", "--set", "checkpoint.every=0", cwd=tmp_path)
+    run_dir = run_dir_of(tmp_path)
+    wait_for(lambda: (state_of(run_dir).get("step") or 0) >= 2, what="step 2")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert json.loads(out.splitlines()[-1])["stopped"] is True
+    assert state_of(run_dir)["status"] == "stopped"
+
+
 def test_sigterm_stops_with_a_checkpoint(tmp_path):
     proc = start("run", TOY, "--set", "train.steps=400", "--set", "checkpoint.every=0", cwd=tmp_path)
     run_dir = run_dir_of(tmp_path)
     wait_for(lambda: (state_of(run_dir).get("step") or 0) >= 2, what="step 2")
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=120)
-    assert proc.returncode == 0
+    assert proc.returncode == 128 + signal.SIGTERM
     final = state_of(run_dir)
     assert final["status"] == "stopped" and final["last_checkpoint"] == final["step"] >= 2
 

@@ -484,7 +484,7 @@ def test_a_reuse_naming_no_regime_or_no_folder_is_a_study_file_error(tmp_path, r
 
 
 def test_a_run_stopped_by_a_signal_is_not_kept_as_finished(tmp_path, monkeypatch):
-    """A run that a SIGTERM stopped at a step boundary exits 0 with a summary saying `stopped`: the
+    """A run that a SIGTERM stopped at a step boundary says `stopped` in its summary (and exits 143): the
     study leaves it unfinished (no summary.json, nothing archived), for the next `mas-lab study` to
     continue from its checkpoint, instead of reporting a run without its final evaluation."""
     from mas_lab.study import runner

@@ -155,7 +155,9 @@ def run_regime(
         max_rss_mb=round(usage.ru_maxrss / 1024),  # Linux: kilobytes; the run's peak resident memory
     )
     segments_file.write_text(json.dumps(segments, indent=1))
-    if proc.returncode != 0:
+    # `mas-lab run` exits 128 + N when signal N stopped it with a checkpoint, 3 when `mas-lab stop` did
+    stopped = proc.returncode in (3, 128 + signal.SIGINT, 128 + signal.SIGTERM)
+    if proc.returncode != 0 and not stopped:
         print(
             f"[study] {family.key}: {name} seed {seed} failed ({describe_exit(proc.returncode)}); the next "
             f"`mas-lab study run` continues it from its checkpoint if it wrote one; see {folder / 'run.log'}",
@@ -163,7 +165,7 @@ def run_regime(
         )
         return None
     summary = last_json("".join(output))
-    if summary.get("stopped"):  # a signal stopped it with a checkpoint: unfinished, not a result
+    if stopped or summary.get("stopped"):  # a signal stopped it with a checkpoint: unfinished, not a result
         print(
             f"[study] {family.key}: {name} seed {seed} stopped after step {summary.get('steps')} (a signal); "
             "not kept: the next `mas-lab study` continues it from its checkpoint",

@@ -1,0 +1,74 @@
+"""One loader for every run folder (mas_lab/run_folder.py): a study's kept run (run.db.xz +
+task.yaml + summary.json) opens in replay, plot, runs, export and the notebook API like a live
+run folder does; what is not a run folder gets one line saying what it is."""
+
+import json
+import shutil
+
+import pytest
+from conftest import ROOT
+from typer.testing import CliRunner
+
+from mas_lab.cli import app
+
+KEPT = ROOT / "results" / "credit" / "sokoban" / "at-grpo-at-grpo" / "seed-0"
+runner = CliRunner()
+
+
+def test_a_kept_run_replays_as_text():
+    result = runner.invoke(app, ["replay", str(KEPT), "--text", "--step", "1"])
+    assert result.exit_code == 0, result.output
+    assert "=== turn 0" in result.output and "not a run folder" not in result.output
+
+
+def test_runs_lists_a_studys_kept_runs_at_any_depth():
+    result = runner.invoke(app, ["runs", str(KEPT.parent.parent), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert len(rows) == 18 and {r["status"] for r in rows} == {"finished"}
+    assert "at-grpo-at-grpo/seed-0" in {r["run"] for r in rows}
+
+
+def test_plot_of_a_kept_run_writes_beside_it(tmp_path):
+    copy = tmp_path / "seed-0"
+    shutil.copytree(KEPT, copy)
+    result = runner.invoke(app, ["plot", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert (copy / "plots" / "success.png").is_file()
+    assert sorted(p.name for p in copy.iterdir()) == ["plots", "run.db.xz", "summary.json", "task.yaml"]
+
+
+def test_a_truncated_kept_store_is_one_line(tmp_path):
+    copy = tmp_path / "seed-0"
+    shutil.copytree(KEPT, copy)
+    packed = copy / "run.db.xz"
+    packed.write_bytes(packed.read_bytes()[:5000])
+    result = runner.invoke(app, ["replay", str(copy), "--text"])
+    assert result.exit_code == 2 and "damaged, it does not unpack" in result.output
+
+
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda p: p / "nope", "no such task file or run folder"),
+        (lambda p: p, "a folder, but not a run folder"),
+    ],
+    ids=["missing", "an empty folder"],
+)
+def test_tui_says_which_kind_of_target_is_wrong(tmp_path, make, said):
+    result = runner.invoke(app, ["tui", str(make(tmp_path))])
+    assert result.exit_code == 2 and said in result.output
+
+
+def test_load_study_refuses_what_is_not_a_folder_of_runs(tmp_path):
+    import mas_lab
+
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        mas_lab.load_study(tmp_path / "nope")
+    (tmp_path / "mine.yaml").write_text("name: x\n")
+    with pytest.raises(NotADirectoryError, match="a file; load_study takes the folder"):
+        mas_lab.load_study(tmp_path / "mine.yaml")
+    with pytest.raises(FileNotFoundError, match="no run folder"):
+        mas_lab.load_study(tmp_path)
+    study = mas_lab.load_study(KEPT.parent)
+    assert len(study.runs) == 3
