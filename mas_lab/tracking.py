@@ -62,6 +62,8 @@ class Tracker:
         """A new MLflow run (or the run `run_id`, continued); `tags` on a new run, among them
         mlflow.parentRunId to nest it under a study's parent run (MLflow's sweep convention)."""
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+        # the completions tables append through a download: no progress bar on the run's console
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         from mlflow.tracking import MlflowClient
 
         for name in ("alembic", "mlflow"):
