@@ -177,6 +177,10 @@ class ToolPlannerEnv(Env):
     def apply(self, answer: Any) -> bool:
         """Apply a parsed answer to this state (mutates); False when any part was illegal."""
 
+    def execute(self, answer: Any) -> None:
+        """Act out an answer under the game's execution rule (all or nothing here)."""
+        self.apply(answer)
+
     @abstractmethod
     def value(self) -> float:
         """Team reward of the current state: 1 when solved."""
@@ -254,7 +258,7 @@ class ToolPlannerEnv(Env):
         value = 0.0
         if answer is not None:
             trial = self.clone()  # what the tool's answer would do, without acting on the live state
-            trial.apply(answer)
+            trial.execute(answer)
             value = trial.value()
         components = {"ran": ran, "parsed": parsed, "value": value}
         weights = spec.local_weights

@@ -19,8 +19,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from mas_lab.envs.base import Problem
-from mas_lab.envs.games import GameParams, ToolPlannerEnv
+from mas_lab.envs.base import ActionResult, Problem
+from mas_lab.envs.games import DEFAULT_WORKFLOW, GameParams, ToolPlannerEnv
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 _WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
@@ -222,6 +222,44 @@ class MovesGame(ToolPlannerEnv):
         """Whether every move of `moves` is legal from the current state (nothing changes)."""
         return self.clone().apply(moves)
 
+    # the longest reply walked move by move, in moves per cell (as all-or-nothing's walk limit)
+    MOVES_PER_CELL = 4
+
+    def apply_each(self, moves: list[str]) -> int:
+        """Move-by-move execution (`execution: move_by_move`, the paper's environment): each move
+        applied in order where it is legal, skipped where it is not; returns how many were skipped.
+        A reply longer than MOVES_PER_CELL moves per cell counts its excess as skipped (padding
+        never pays). Passing through the goal is not arriving: the state is where the walk ends."""
+        limit = self.MOVES_PER_CELL * len(self.drawn_grid()) * len(self.drawn_grid()[0])
+        skipped = max(0, len(moves) - limit)
+        for move in moves[:limit]:
+            if not self.apply([move]):
+                skipped += 1
+        return skipped
+
+    def execute(self, answer: list[str]) -> None:
+        if self.params.execution == "move_by_move":
+            self.apply_each(answer)
+        else:
+            self.apply(answer)
+
+    def act(self, role: str, turn: int, action: str) -> ActionResult:
+        spec = self.spec(role) if role != self.single_role else None
+        if self.params.execution == "all_or_nothing" or (spec is not None and spec.kind == "program"):
+            return super().act(role, turn, action)
+        answer = self.parse_answer(action)
+        skipped = self.apply_each(answer) if answer is not None else 0
+        value = self.value()
+        self.replies[role] = (action, "")
+        components = {"format": float(answer is not None), "value": value, "illegal_moves": float(skipped)}
+        weights = (spec or DEFAULT_WORKFLOW[1]).local_weights
+        return ActionResult(
+            team=value,
+            local=sum(weights[k] * components[k] for k in weights) - self.params.illegal_penalty * skipped,
+            components=components,
+            info=f"answer={answer!r} skipped={skipped}",
+        )
+
     def format_demo(self, role: str, rng: random.Random) -> str:
         """One to three random moves in the role's format: a program printing them, or the
         "Moves:" line; with tool_helper: solver, the tool's demonstration calls solve() on a random
@@ -246,6 +284,20 @@ class MovesGame(ToolPlannerEnv):
 
 class MovesParams(GameParams):
     hint: Hint = Field("none", description=HINT_DESCRIPTION)
+    execution: Literal["all_or_nothing", "move_by_move"] = Field(
+        "all_or_nothing",
+        description="how an answer's moves act on the state: all_or_nothing (a reply with any illegal move "
+        "is rejected whole and the state stays: every run before this option) or move_by_move (the "
+        "paper's environment: legal moves are applied in order, each illegal one is skipped and costs "
+        "illegal_penalty; the answer's format part then pays for a parsed reply, not for a legal one)",
+    )
+    illegal_penalty: float = Field(
+        0.1,
+        ge=0.0,
+        le=10.0,
+        description="move_by_move: subtracted from the answering role's local reward for each skipped "
+        "(illegal) move (the paper's -0.1)",
+    )
     tool_helper: ToolHelper = Field("none", description=TOOL_HELPER_DESCRIPTION)
     tool_demo: Literal["random", "observed"] = Field(
         "random",
