@@ -434,10 +434,19 @@ def _request(run_dir: Path, command: str, wait: bool) -> None:
         "resume": lambda s: not s.get("paused"),
         "stop": lambda s: not s["running"],
     }[command]
-    while wait and not target(control.status()):
-        if not control.status()["running"] and command != "stop":
+    if not wait:
+        return
+    while not target(now := control.status()):
+        if not now["running"] and command != "stop":
             _fail(f"{run_dir}: the run ended before the {command} took effect")
         time.sleep(0.2)
+    said = {
+        "pause": f"paused after step {now.get('step')} (a checkpoint was written)",
+        "resume": f"resumed (step {now.get('step')}, phase {now.get('phase')})",
+        "stop": f"stopped after step {now.get('step')} (status {now['status']}, last checkpoint "
+        f"{now.get('last_checkpoint')})",
+    }[command]
+    console.print(said, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -68,6 +68,8 @@ class RunControl:
             state["status"] = "crashed"  # its process died without recording how it ended
         elif state["running"] and state.get("paused"):
             state["status"] = "paused"  # alive, held at a step boundary (`running` stays true: it can resume)
+        if not state["running"]:  # the last heartbeat's word does not outlive the run: its actors went with it
+            state["actors_alive"] = False
         state["pending"] = self.store.pending_controls()
         return state
 

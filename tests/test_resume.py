@@ -215,6 +215,7 @@ def test_pause_from_another_process_holds_steps_and_resume_continues(tmp_path):
         wait_for(lambda: (state_of(run_dir).get("step") or 0) >= 2, what="step 2")
         paused = cli("pause", run_dir, "--wait", cwd=tmp_path, timeout=120)
         assert paused.returncode == 0, paused.stderr
+        assert "paused after step" in paused.stderr  # --wait says when it took effect, not only "requested"
         state = wait_for(lambda: (lambda s: s if s.get("actors_alive") else None)(state_of(run_dir)), what="actor ping")
         assert state["paused"] and state["phase"] == "paused" and state["last_checkpoint"] == state["step"]
 
@@ -226,10 +227,12 @@ def test_pause_from_another_process_holds_steps_and_resume_continues(tmp_path):
         assert count() == before, "a step started while paused"
         events = [e["kind"] for e in RunStore(run_dir / "run.db").rows("SELECT kind FROM events")]
         assert "pause" in events
-        assert cli("resume", run_dir, "--wait", cwd=tmp_path).returncode == 0
+        resumed = cli("resume", run_dir, "--wait", cwd=tmp_path)
+        assert resumed.returncode == 0 and "resumed (step" in resumed.stderr
         wait_for(lambda: count() > before, what="a step after resume")
         stopped = cli("stop", run_dir, "--wait", cwd=tmp_path, timeout=120)
         assert stopped.returncode == 0, stopped.stderr
+        assert "stopped after step" in stopped.stderr
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 3, err[-2000:]  # stopped by `mas-lab stop`: not the 0 of a finished run
         final = state_of(run_dir)

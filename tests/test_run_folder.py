@@ -72,3 +72,16 @@ def test_load_study_refuses_what_is_not_a_folder_of_runs(tmp_path):
         mas_lab.load_study(tmp_path)
     study = mas_lab.load_study(KEPT.parent)
     assert len(study.runs) == 3
+
+
+def test_status_of_a_run_whose_process_is_gone_says_its_actors_are_gone(tmp_path):
+    """A Ray run's last heartbeat said `actors_alive: true`; once its process exited, status must not
+    repeat it (the actors ended with the run)."""
+    from mas_lab.control import RunControl
+    from mas_lab.store import RunStore
+
+    store = RunStore(tmp_path / "run.db")
+    store.set_meta(status="stopped", state={"step": 3, "actors_alive": True, "pid": 1})
+    store.close()
+    state = RunControl(RunStore(tmp_path / "run.db", create=False)).status()
+    assert state["running"] is False and state["actors_alive"] is False
