@@ -121,7 +121,14 @@ MOVE_RULES = RuleSet(
             "one move toward the goal a turn (no model)",
             lambda env: env.toward_move(),
         ),
-        Rule("optimum", "the BFS optimum", "", lambda env: env.optimal_plan()),  # its move count is a table's note
+        Rule(
+            "tool_first",
+            "the tool's first move each turn (the first move of a shortest plan, what solve() prints)",
+            "the tool's first move a turn (no model)",
+            lambda env: (env.optimal_plan() or [])[:1],
+        ),
+        # the BFS optimum: what applying solve()'s whole output does; its move count is a table's note
+        Rule("optimum", "the BFS optimum", "apply solve(): the BFS optimum (no model)", lambda env: env.optimal_plan()),
     ),
     reply=lambda moves: "Moves: " + " ".join(moves),
     hard="either_order",
@@ -164,6 +171,9 @@ SUDOKU_RULES = RuleSet(
 RULE_SETS = (MOVE_RULES, SUDOKU_RULES)
 RULE_LABELS = {rule.name: rule.label.split(" (")[0] for rules in RULE_SETS for rule in rules.rules}  # verdicts
 RULE_ROWS = {rule.name: rule.row for rules in RULE_SETS for rule in rules.rules if rule.row}  # results tables
+# rows a results table shows only for a task whose tool agent may call a helper (tool_helper: solver):
+# the controls that say what the helper alone does (the claims issue)
+HELPER_ROWS = ("tool_first", "optimum")
 
 
 def rules_of(env_cls: type[Env]) -> RuleSet | None:
@@ -270,6 +280,9 @@ def baseline_outcomes(task: "TaskConfig", problems: Sequence[Problem]) -> dict[s
             [solves(env_cls, p, params, best.answer, task.env.max_turns) for p in problems],
         )
     rules = rule_results(env_cls, params, problems, task.env.max_turns)
+    helper = getattr(params, "tool_helper", "none") != "none"
     for name, solved in (rules.solved if rules else {}).items():
+        if name == "tool_first" and not helper:  # a control of the helper: meaningless without one
+            continue
         out[name] = (RULE_LABELS[name], solved)
     return out

@@ -144,6 +144,7 @@ def test_the_reading_rules_reproduce_the_issue_table_on_the_sample_runs_problems
         "rows_first": 55,
         "either_order": 63,
         "one_step": 45,
+        "tool_first": 45,
         "optimum": 64,
     }
     assert sum(results.hard) == 1

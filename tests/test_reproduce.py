@@ -307,3 +307,16 @@ def test_the_hard_split_table_puts_the_team_beside_the_rules_on_the_same_problem
     letters[0]["summary"] = {"eval_after": 0.7, "hard_after": {"success": 0.0, "problems": 1, "ci": [0.0, 0.79]}}
     assert hard_table(letters, reproduce.FAMILIES["plan_path"]) == []
     assert reproduce.FAMILIES["plan_path_tool"].stem == "plan_path_tool"
+
+
+def test_a_task_with_a_tool_helper_has_the_helper_control_rows():
+    """The controls that say what the helper alone does (the claims issue): applying solve()'s
+    whole output (the BFS optimum, every problem by construction) and its first move each turn,
+    shown only where the tool agent may call solve()."""
+    reproduce = _reproduce_module()
+    with_tool = reproduce.rule_baselines("tasks/plan_path_tool.yaml", [0])
+    assert with_tool["apply solve(): the BFS optimum (no model)"]["pooled"] == 1.0
+    first = with_tool["the tool's first move a turn (no model)"]["pooled"]
+    assert 0 < first <= with_tool["one move toward the goal a turn (no model)"]["pooled"] + 0.2
+    without = reproduce.rule_baselines("tasks/plan_path_learns.yaml", [0])
+    assert not any("solve()" in row or "tool's first" in row for row in without)

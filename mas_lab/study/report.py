@@ -111,7 +111,7 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
     held-out problems, as table rows; the note of the move games' either-order row gives the BFS
     optimum's mean move count and how many problems need a detour (the hard split). Empty for a
     task without rules."""
-    from mas_lab.baselines import RULE_ROWS, rule_results
+    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
@@ -125,8 +125,9 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
     if not known or len(known) != len(found):
         return {}
     rows = {}
+    helper = getattr(env_cls.Params.coerce(task.env.params), "tool_helper", "none") != "none"
     for name in known[0].solved:
-        if name not in RULE_ROWS:
+        if name not in RULE_ROWS or (name in HELPER_ROWS and not helper):
             continue
         note = ""
         if name == known[0].hard_rule and "optimum" in known[0].moves:
@@ -154,7 +155,7 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
     evaluates no separate hard split (`train.hard_eval_problems: 0`): its runs then report the few
     detour problems inside the main set (6 of 192 over the Plan-Path letters seeds), which the either-order
     row counts ("N problems need a detour") and which are too few for a table of their own."""
-    from mas_lab.baselines import RULE_ROWS, is_hard, rule_results
+    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, is_hard, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
@@ -184,7 +185,10 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
             hard=functools.partial(is_hard, env_cls, params, max_turns=task.env.max_turns),
         )
         found[seed] = rule_results(env_cls, params, pool.hard_set, task.env.max_turns)
+    helper = getattr(params, "tool_helper", "none") != "none"
     for name, label in RULE_ROWS.items():
+        if name in HELPER_ROWS and not helper:
+            continue
         per_seed = [
             (seed, sum(r.solved[name]) / len(r.solved[name]), len(r.solved[name]))
             for seed, r in found.items()
