@@ -49,10 +49,7 @@ def test_a_truncated_kept_store_is_one_line(tmp_path):
 
 @pytest.mark.parametrize(
     "make, said",
-    [
-        (lambda p: p / "nope", "no such task file or run folder"),
-        (lambda p: p, "a folder, but not a run folder"),
-    ],
+    [(lambda p: p / "nope", "no such task file or run folder"), (lambda p: p, "a folder, but not a run folder")],
     ids=["missing", "an empty folder"],
 )
 def test_tui_says_which_kind_of_target_is_wrong(tmp_path, make, said):
