@@ -227,6 +227,21 @@ class Algorithm(_Strict):
         "without resampling); the drops are counted",
     )
     std_eps: float = Field(1e-6, gt=0.0, description="eps in A = (r - mean) / (std + eps) (paper Eq. 3)")
+    tie_tolerance: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="rewards of a group within this of each other count as tied: zero advantages, dropped "
+        "by the zero_std filter, counted as zero-std (0: exactly equal, every run before this option; "
+        "1e-9 treats float noise as a tie)",
+    )
+    min_samples: int = Field(
+        0,
+        ge=0,
+        description="a policy whose step kept fewer samples than this (after the filter) is not updated "
+        "that step (an event says so; metric skipped_updates): a near-empty batch would otherwise take "
+        "a full-size step under token_mean (0: always update)",
+    )
     advantage: Literal["at_grpo", "rloo", "dr_mas", "gigpo", "counterfactual"] = Field(
         "at_grpo",
         description="credit assignment (mas_lab/algo/credit.py, docs/algorithm.md): at_grpo, the paper's Eq. 3 in its "

@@ -60,13 +60,14 @@ def compute_advantages(
     step_weight: float = 1.0,
     role_k: dict[str, int] | None = None,
     step_gamma: float = 0.95,
+    tie_tol: float = 0.0,
 ) -> list[Group]:
     """Build the groups of a step, check their invariants, and set each candidate's advantage by
     `method` (algo/credit.py). Tree (at_grpo): groups (problem, agent, turn) of K candidates from one
     observation (Sec. 4.1); otherwise (mas_grpo, single_agent): groups (problem) of K independent
     trajectories."""
     trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
-    return assign_advantages(trajectories, k, eps, tree, method, step_weight, role_k, step_gamma)
+    return assign_advantages(trajectories, k, eps, tree, method, step_weight, role_k, step_gamma, tie_tol)
 
 
 def _no_refusals() -> None:
@@ -176,9 +177,17 @@ class Trainer:
         _no_refusals()
         role_k = {r.name: r.k for r in task.roles if r.k is not None}
         groups = compute_advantages(
-            episodes, algo.k, algo.std_eps, self.tree, algo.advantage, algo.step_weight, role_k, algo.step_gamma
+            episodes,
+            algo.k,
+            algo.std_eps,
+            self.tree,
+            algo.advantage,
+            algo.step_weight,
+            role_k,
+            algo.step_gamma,
+            algo.tie_tolerance,
         )
-        kept, report = filter_groups(groups, algo.filter)
+        kept, report = filter_groups(groups, algo.filter, algo.tie_tolerance)
         kept_keys = {g.key for g in kept}
         samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
         weights = {role.name: role.loss_weight for role in task.roles}
@@ -188,6 +197,12 @@ class Trainer:
                 samples[c.policy].append(
                     Sample(c.prompt_ids, c.response_ids, advantage, c.temperature, tuple(c.logprobs), role=c.role)
                 )
+        skipped = [name for name, batch in samples.items() if 0 < len(batch) < algo.min_samples]
+        for name in skipped:  # too few samples for a step of the usual size: no update this step
+            self.store.event(
+                step, "skip", f"{name}: {len(samples[name])} samples < algorithm.min_samples {algo.min_samples}"
+            )
+            samples[name] = []
 
         tell(ProgressEvent("learner", step))
         learner_started = time.perf_counter()
@@ -196,13 +211,14 @@ class Trainer:
         tell(ProgressEvent("weight sync", step))
         sync_s = self.backend.sync_weights(step)
 
-        stats = [group_stats(group, kept=group.key in kept_keys) for group in groups]
+        stats = [group_stats(group, kept=group.key in kept_keys, tol=algo.tie_tolerance) for group in groups]
         metrics = reward_metrics(episodes)
         metrics["groups"] = len(groups)
         metrics["zero_std_frac"] = statistics.fmean(float(g.zero_std) for g in stats) if stats else 0.0
         metrics.update(diagnostics(groups, kept))
         metrics["filtered_groups"] = report.dropped_groups
         metrics["filtered_samples"] = report.dropped_samples
+        metrics["skipped_updates"] = float(len(skipped))
         for name, update in updates.items():
             for key in LEARNER_METRICS:
                 if key in update:

@@ -46,10 +46,12 @@ def assign_advantages(
     step_weight: float = 1.0,
     role_k: dict[str, int] | None = None,
     step_gamma: float = 0.95,
+    tie_tol: float = 0.0,
 ) -> list[Group]:
     """Build the groups `method` needs from a step's trajectories (problem id, its candidates in
     order), check them, and set every candidate's advantage. Returns the groups that carry the
-    baselines: the ones the filter and the store see."""
+    baselines: the ones the filter and the store see. Rewards within `tie_tol` of each other
+    count as tied (zero advantages)."""
     candidates = [c for _, unit in trajectories for c in unit]
     if method not in METHODS:
         raise ValueError(f"unknown advantage method '{method}'; allowed: {list(METHODS)}")
@@ -58,7 +60,7 @@ def assign_advantages(
     if method == "dr_mas":
         groups = build_agent_groups(candidates)
         for group in groups:
-            group.set_advantages(grpo_advantages(group.rewards, eps))
+            group.set_advantages(grpo_advantages(group.rewards, eps, tie_tol))
         return groups
     if method == "counterfactual":
         if not tree:
@@ -71,17 +73,20 @@ def assign_advantages(
             if missing:
                 raise ValueError(f"group {group.key}: candidates {missing} have no counterfactual outcome")
             group.rewards = [c.components[OUTCOME] for c in group.members]
-            group.set_advantages(rloo_advantages(group.rewards))
+            group.set_advantages(rloo_advantages(group.rewards, tie_tol))
         return groups
     groups = build_groups(candidates, k, role_k) if tree else build_trajectory_groups(trajectories, k)
     for group in groups:
         group.set_advantages(
-            rloo_advantages(group.rewards) if method == "rloo" else grpo_advantages(group.rewards, eps)
+            rloo_advantages(group.rewards, tie_tol)
+            if method == "rloo"
+            else grpo_advantages(group.rewards, eps, tie_tol)
         )
     if method == "gigpo":
         returns = step_returns(trajectories, step_gamma)
         for step_group in build_step_groups(candidates):
-            for candidate, advantage in zip(step_group, grpo_advantages([returns[id(c)] for c in step_group], eps)):
+            step_returns_of = [returns[id(c)] for c in step_group]
+            for candidate, advantage in zip(step_group, grpo_advantages(step_returns_of, eps, tie_tol)):
                 candidate.advantage += step_weight * advantage
     return groups
 

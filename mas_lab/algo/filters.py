@@ -19,11 +19,11 @@ class FilterReport:
     dropped_samples: int
 
 
-def filter_groups(groups: list[Group], name: str) -> tuple[list[Group], FilterReport]:
+def filter_groups(groups: list[Group], name: str, tol: float = 0.0) -> tuple[list[Group], FilterReport]:
     if name == "none":
         kept = list(groups)
     elif name == "zero_std":
-        kept = [g for g in groups if not is_zero_std(g.rewards)]
+        kept = [g for g in groups if not is_zero_std(g.rewards, tol)]
     else:
         raise ValueError(f"unknown group filter '{name}'")
     dropped = [g for g in groups if g not in kept]

@@ -154,7 +154,7 @@ class GroupStats:
     kept: bool
 
 
-def group_stats(group: Group, kept: bool) -> GroupStats:
+def group_stats(group: Group, kept: bool, tol: float = 0.0) -> GroupStats:
     """Reward and advantage statistics of a group; `kept`: whether the filter let it through."""
     rewards = group.rewards
     advantages = [unit[0].advantage for unit in group.units]
@@ -167,6 +167,6 @@ def group_stats(group: Group, kept: bool) -> GroupStats:
         reward_max=max(rewards),
         adv_min=min(advantages),
         adv_max=max(advantages),
-        zero_std=is_zero_std(rewards),
+        zero_std=is_zero_std(rewards, tol),
         kept=kept,
     )
