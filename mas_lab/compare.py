@@ -245,6 +245,30 @@ def paired_table(runs: list[Compared]) -> list[str]:
     return lines if len(labels) > 1 else []
 
 
+def update_table(runs: list[Compared]) -> list[str]:
+    """What each run's updates did (reporting.update_diagnostics): per run and policy, the share of
+    optimizer steps whose gradient-norm clip bound, the median norm before and after it, and the
+    PPO ratio's range. Runs of different labels that clip on different shares of their steps took
+    different effective step sizes. Empty when no run recorded the clip share (older stores)."""
+    from mas_lab.reporting import update_diagnostics
+
+    lines = [
+        "| label | run | policy | clip bound (share of optimizer steps) | grad norm median before / after | "
+        "PPO ratio range | samples trained |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        metrics = r.run.metrics
+        by_step = {int(step): {k: v for k, v in row.items() if v == v} for step, row in metrics.iterrows()}
+        for policy, d in update_diagnostics(by_step).items():
+            lines.append(
+                f"| {r.label} | {r.name} | {policy} | {d['clip_bound_share']:.0%} | {d['grad_norm_median']:.3g} / "
+                f"{d['grad_norm_clipped_median']:.3g} | [{d['ratio_min']:.3g}, {d['ratio_max']:.3g}] | "
+                f"{int(d['samples'])} |"
+            )
+    return lines if len(lines) > 2 else []
+
+
 def compare(paths: list[Path], out: Path, labels: dict[Path, str] | None = None, group_by: str = "regime") -> Path:
     """Write compare.md and the PNGs into `out`; returns the Markdown file."""
     runs = gather(paths, labels, group_by)
@@ -262,6 +286,8 @@ def compare(paths: list[Path], out: Path, labels: dict[Path, str] | None = None,
             *paired,
             "",
         ]
+    if updates := update_table(runs):
+        lines += ["What the updates did:", "", *updates, ""]
     if diff:
         lines += [
             "Settings that differ:",

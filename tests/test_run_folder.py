@@ -82,3 +82,13 @@ def test_status_of_a_run_whose_process_is_gone_says_its_actors_are_gone(tmp_path
     store.close()
     state = RunControl(RunStore(tmp_path / "run.db", create=False)).status()
     assert state["running"] is False and state["actors_alive"] is False
+
+
+def test_compare_shows_what_each_update_did_and_pairs_the_runs(toy_run, tmp_path):
+    """The claims issue: the clip's binding share per run beside the paired verdicts (runs of one
+    seed, on the same held-out problems)."""
+    from mas_lab.compare import compare
+
+    text = compare([toy_run[1], ROOT / "sample_runs" / "toy"], tmp_path / "out").read_text()
+    assert "What the updates did:" in text and "| shared |" in text
+    assert "Paired on the same held-out problems" in text and "not distinguishable" in text
