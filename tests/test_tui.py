@@ -389,3 +389,26 @@ def test_the_event_log_fits_100_columns_and_a_finished_run_offers_no_pause(tmp_p
             assert "pagedown" in text(app, "#help")
 
     asyncio.run(go())
+
+
+def test_the_event_log_wraps_at_the_pane_and_never_cuts_a_number():
+    """RichLog renders each line at least 78 columns wide by default; the events pane is narrower,
+    so "nll/shared 0.466" showed as "nll/shared 0.4". Every stored number must appear whole."""
+    from textual.widgets import RichLog
+
+    from mas_lab.store import RunStore
+
+    run = ROOT / "sample_runs" / "plan_path_learns_smollm2"
+
+    async def go():
+        app = MasLabApp(run, "live")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(1.5)
+            log = app.screen.query_one("#events", RichLog)
+            assert log.lines and all(strip.cell_length <= log.size.width for strip in log.lines)
+            return " ".join(" ".join(strip.text.split()) for strip in log.lines)
+
+    shown = asyncio.run(go())
+    for event in RunStore(run / "run.db", create=False).events():
+        if event["kind"] == "warmup":
+            assert event["message"].split()[-1] in shown  # the nll, e.g. 0.466, whole

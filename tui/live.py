@@ -119,7 +119,8 @@ class LiveScreen(Screen):
                 yield Button("Pause", id="pause", variant="warning")
                 yield Static("", id="split")
                 yield Label("events")
-                yield RichLog(id="events", markup=False, wrap=True, max_lines=2000)
+                # min_width: RichLog renders every line at least 78 wide (its default), which the pane then cuts
+                yield RichLog(id="events", markup=False, wrap=True, max_lines=2000, min_width=20)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -169,6 +170,8 @@ class LiveScreen(Screen):
                 + f"\ntokens/s {snap.last.get('tokens_per_s', 0):.0f}"
             )
         log = self.query_one("#events", RichLog)
+        if not log.size.width:  # not laid out yet: lines written now would be wrapped at a guessed width
+            return
         for event in snap.events:
             line = event_line(event)
             if line is not None:
