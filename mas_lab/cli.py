@@ -808,7 +808,7 @@ def study_run(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="an override of every run: key.path=value"),
 ) -> None:
     """Run a study: every task x regime x seed not kept yet (an interrupted run continues from its
-    checkpoint), then its report; prints one JSON line per complete run."""
+    checkpoint), then its report; prints, as its last line, one JSON list with a row per complete run."""
     from mas_lab.study.driver import run_study, summary_rows
 
     families = _load_study(study_file, task)

@@ -18,13 +18,20 @@ def visible(text: str) -> str:
     return _ESCAPES.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
-def candidate_headline(c: dict) -> str:
-    """Reward (team, local and its components), advantage and tokens of a stored candidate."""
+def candidate_headline(c: dict, kind: str = "train") -> str:
+    """Reward (team, local and its components), advantage and tokens of a stored candidate. An
+    evaluation's candidate was never trained on: it has no advantage (not +0.000)."""
     parts = ", ".join(f"{k} {v:.2f}" for k, v in c["components"].items())
+    advantage = f"advantage {c['advantage']:+.3f}" if kind == "train" else "no advantage (evaluation)"
     return (
         f"reward {c['reward']:.3f} (team {c['team']:.3f}, local {c['local']:.3f}; {parts})"
-        f"  advantage {c['advantage']:+.3f}  tokens {c['response_tokens']}"
+        f"  {advantage}  tokens {c['response_tokens']}"
     )
+
+
+def count(n: int, noun: str) -> str:
+    """'1 candidate', '4 candidates'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def format_episode(episode: dict) -> str:
@@ -40,7 +47,7 @@ def format_episode(episode: dict) -> str:
         lines.append("observation:")
         lines += ["  " + line for line in turn["observation"].splitlines()]
         for c in turn["candidates"]:
-            lines.append(f" {'*' if c['chosen'] else ' '} [{c['idx']}] {candidate_headline(c)}")
+            lines.append(f" {'*' if c['chosen'] else ' '} [{c['idx']}] {candidate_headline(c, episode['kind'])}")
             lines += ["      " + line for line in (c["response"] or "(empty)").splitlines()]
             if c["info"]:
                 lines.append(f"      -> {c['info']}")

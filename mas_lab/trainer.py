@@ -305,7 +305,9 @@ class Trainer:
         metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
         # how many different first answers the team gave: 1 means one reply to every problem
         env_cls = ENVS[self.task.env.name]
-        answerers = {env_cls.answer_role, env_cls.single_role}
+        answerers = {env_cls.answer_role, env_cls.single_role} & {t.role for e in main for t in e.turns}
+        if not answerers:  # an environment whose answering role is not among the task's (toy): every role's
+            answerers = {t.role for e in main for t in e.turns}
         metrics["eval/distinct_answers"] = float(
             len({t.candidates[t.chosen].response for e in main for t in e.turns if t.turn == 0 and t.role in answerers})
         )

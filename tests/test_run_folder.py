@@ -92,3 +92,26 @@ def test_compare_shows_what_each_update_did_and_pairs_the_runs(toy_run, tmp_path
     text = compare([toy_run[1], ROOT / "sample_runs" / "toy"], tmp_path / "out").read_text()
     assert "What the updates did:" in text and "| shared |" in text
     assert "Paired on the same held-out problems" in text and "not distinguishable" in text
+
+
+def test_an_evaluation_candidate_has_no_advantage_and_counts_read_right():
+    from mas_lab.episode_text import candidate_headline, count
+
+    c = {"components": {"x": 1.0}, "reward": 1.0, "team": 1.0, "local": 0.0, "advantage": 0.0, "response_tokens": 3}
+    assert "no advantage (evaluation)" in candidate_headline(c, "eval") and "+0.000" not in candidate_headline(
+        c, "eval"
+    )
+    assert "advantage +0.000" in candidate_headline(c)
+    assert count(1, "candidate") == "1 candidate" and count(4, "candidate") == "4 candidates"
+    result = runner.invoke(app, ["replay", str(ROOT / "sample_runs" / "toy"), "--text", "--kind", "eval"])
+    assert result.exit_code == 0 and "no advantage (evaluation)" in result.output
+
+
+def test_help_texts_say_what_the_commands_do():
+    def words(args):
+        return " ".join(runner.invoke(app, args).output.replace("│", " ").split())
+
+    tui_help = words(["tui", "--help"])
+    assert "in replay once it has finished" not in tui_help and "live screen" in tui_help
+    study_help = words(["study", "run", "--help"])
+    assert "one JSON line per complete run" not in study_help and "one JSON list" in study_help

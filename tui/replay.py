@@ -14,12 +14,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header, Input, Label, OptionList, Static
 
-from mas_lab.episode_text import candidate_headline
+from mas_lab.episode_text import candidate_headline, count
 from tui.navigation import FOLLOW_BINDING, STEP_BINDINGS, StepNavigation
 
 
-def candidate_text(c: dict, label: str = "") -> Text:
-    head = f"{'* ' if c['chosen'] else '  '}{label}candidate {c['idx']}  {candidate_headline(c)}"
+def candidate_text(c: dict, label: str = "", kind: str = "train") -> Text:
+    head = f"{'* ' if c['chosen'] else '  '}{label}candidate {c['idx']}  {candidate_headline(c, kind)}"
     text = Text.assemble((head + "\n", "bold green" if c["chosen"] else "bold"), (c["response"] or "(empty)") + "\n")
     if c["info"]:
         text.append(f"-> {c['info']}\n", style="dim")
@@ -164,9 +164,9 @@ class ReplayScreen(StepNavigation, Screen):
                 (f"observation of {row['role']} at turn {row['turn']}:\n", "bold underline"), row["observation"]
             )
         )
-        text = Text.assemble((f"{len(row['candidates'])} candidates\n", "bold underline"))
+        text = Text.assemble((count(len(row["candidates"]), "candidate") + "\n", "bold underline"))
         for c in row["candidates"]:
-            text.append_text(candidate_text(c))
+            text.append_text(candidate_text(c, kind=self.kind))
         self.query_one("#candidates", Static).update(text)
         self.query_one("#state", Static).update(
             Text.assemble(
