@@ -19,6 +19,7 @@ from typing import List, NoReturn, Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 from typer.core import TyperGroup
 
 from mas_lab import runs
@@ -27,7 +28,8 @@ from mas_lab.metric_names import TIME_KEYS
 from mas_lab.progress import ProgressEvent
 
 app = typer.Typer(no_args_is_help=True, help="Train teams of LLM agents with AT-GRPO.")
-console = Console(stderr=True)
+# markup off: what the CLI prints is data (paths, patterns, verdicts); styled parts are Text objects
+console = Console(stderr=True, markup=False)
 
 
 class Kind(str, Enum):
@@ -58,7 +60,8 @@ def main_options(
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # the message is text, not markup: a pattern like [a-z0-9] or a path with [bold] in it stays as written
+    console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -85,7 +88,11 @@ def run(
     except runs.RunError as exc:
         _fail(str(exc))
     console.print(
-        f"run [bold]{opened.run_dir.name}[/]  store {opened.run_dir / 'run.db'}  mlflow run {opened.tracker.run_id}",
+        Text.assemble(
+            "run ",
+            (opened.run_dir.name, "bold"),
+            f"  store {opened.run_dir / 'run.db'}  mlflow run {opened.tracker.run_id}",
+        ),
         highlight=False,
         soft_wrap=True,
     )
@@ -126,7 +133,7 @@ def _train_with_progress(opened: runs.Run, use_ray: bool, stopped_by: list[int] 
                 bar.update(handle, completed=event.step)
                 bar.console.print(f"{event.phase} (step {event.step})", highlight=False)
             if event.phase.startswith("warning: "):
-                bar.console.print(f"[yellow]{event.phase}[/]", highlight=False)
+                bar.console.print(Text(event.phase, style="yellow"), highlight=False)
             if event.phase == "done":
                 bar.update(handle, completed=event.step)
                 m = event.metrics or {}
@@ -169,7 +176,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         values = [m[key] for m in train_steps if key in m]
         return sum(values) / len(values) if values else math.nan
 
-    console.print("\n[bold]summary[/]", highlight=False)
+    console.print(Text("\nsummary", style="bold"), highlight=False)
 
     def shown(result: dict | None) -> str:
         if result is None:
@@ -936,15 +943,18 @@ def envs(as_json: bool = typer.Option(False, "--json", help="one JSON object per
             continue
         workflow = "parallel" if env.parallel else "sequential"
         console.print(
-            f"[bold]{name}[/]  roles {', '.join(env.roles)} ({workflow}); one agent: {env.single_role}  "
-            f"[dim]{origin}[/]",
+            Text.assemble(
+                (name, "bold"),
+                f"  roles {', '.join(env.roles)} ({workflow}); one agent: {env.single_role}  ",
+                (origin, "dim"),
+            ),
             highlight=False,
             soft_wrap=True,
         )
         for key, description in params.items():
             console.print(f"    {key}: {description}", highlight=False, soft_wrap=True)
     for name, why in sorted(ENVS.failed.items()):
-        console.print(f"[red]{name}[/]: did not load: {why}", highlight=False, soft_wrap=True)
+        console.print(Text.assemble((name, "red"), f": did not load: {why}"), highlight=False, soft_wrap=True)
 
 
 @app.command()

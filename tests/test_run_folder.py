@@ -115,3 +115,10 @@ def test_help_texts_say_what_the_commands_do():
     assert "in replay once it has finished" not in tui_help and "live screen" in tui_help
     study_help = words(["study", "run", "--help"])
     assert "one JSON line per complete run" not in study_help and "one JSON list" in study_help
+
+
+def test_an_error_with_brackets_is_printed_as_written(tmp_path):
+    """Error text went through Rich markup: '[bold]' in a path, a pattern like '[a-z0-9]', vanished."""
+    folder = tmp_path / "runs[bold]x" / "[a-z0-9]"
+    result = runner.invoke(app, ["replay", str(folder), "--text"])
+    assert result.exit_code == 2 and "[bold]" in result.output and "[a-z0-9]" in result.output
