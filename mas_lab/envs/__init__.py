@@ -22,6 +22,34 @@ from mas_lab.envs.toy import ToyEnv
 ENTRY_POINTS = "mas_lab.envs"
 
 
+PLUGIN_IMPORT_S = 10.0  # a plugin's import that takes longer is reported as failed (main thread only)
+
+
+class PluginTimeout(Exception):
+    """A plugin's import did not finish in time."""
+
+
+def _load_within(point, seconds: float):
+    """`point.load()`, given up after `seconds` where a timer can interrupt it (the main thread: a
+    plugin that sleeps or loops at import must not hang `mas-lab envs` or a run's start)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return point.load()
+
+    def expire(signum, frame):
+        raise PluginTimeout(f"its import did not finish in {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return point.load()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class Registry(dict):
     """name -> Env class: the built-ins, then the plugins of the entry-point group, loaded once."""
 
@@ -44,9 +72,10 @@ class Registry(dict):
                 self.failed[point.name] = f"{where}: the name of a built-in environment"
                 continue
             try:
-                loaded = point.load()
-            except Exception as exc:  # a broken plugin is reported, never hides the others
-                self.failed[point.name] = f"{where}: {type(exc).__name__}: {exc}"
+                loaded = _load_within(point, PLUGIN_IMPORT_S)
+            except (Exception, SystemExit) as exc:  # a broken plugin is reported, never hides the others
+                said = f"exit({exc.code})" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+                self.failed[point.name] = f"{where}: {said}"
                 continue
             if not (isinstance(loaded, type) and issubclass(loaded, Env)):
                 self.failed[point.name] = f"{where}: not a subclass of mas_lab.envs.Env"
