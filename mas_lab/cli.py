@@ -647,7 +647,7 @@ def export(
     reward and components, advantage, chosen, group kept, sampler log-probs, step, policy."""
     from mas_lab.export import export_records
 
-    run_dir = _run_folder(run_dir)
+    given, run_dir = run_dir, _run_folder(run_dir)
     _open_store(run_dir).close()
     first = last = None
     if steps:
@@ -663,6 +663,8 @@ def export(
     if fmt is not None and output.suffix.lower() in suffixes and suffixes[output.suffix.lower()] != fmt:
         _fail(f"{output}: the suffix says {suffixes[output.suffix.lower()].value}, --format says {fmt.value}")
     _check_output_file(output, force)
+    if output.resolve().parent in (run_dir.resolve(), given.resolve()) and output.name.startswith("run.db"):
+        _fail(f"{output}: the run's own store; give another file")
     try:
         count = export_records(run_dir, output, chosen.value, kind.value, (first, last), chosen_only)
     except OSError as exc:

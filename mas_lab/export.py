@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -69,14 +70,22 @@ def export_records(
             return 0
         output.parent.mkdir(parents=True, exist_ok=True)
         rows = itertools.chain([first], rows)
-        if fmt == "jsonl":
-            count = 0
-            with open(output, "w") as handle:
-                for record in rows:
-                    handle.write(json.dumps(record) + "\n")
-                    count += 1
-            return count
-        return _parquet(rows, output)
+        # written beside the output and renamed over it when whole: a full disk or a crash leaves no
+        # partial file that blocks the retry (nor a half-replaced one)
+        partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+        try:
+            if fmt == "jsonl":
+                count = 0
+                with open(partial, "w") as handle:
+                    for record in rows:
+                        handle.write(json.dumps(record) + "\n")
+                        count += 1
+            else:
+                count = _parquet(rows, partial)
+            partial.replace(output)
+        finally:
+            partial.unlink(missing_ok=True)
+        return count
     finally:
         store.close()
 

@@ -4,6 +4,7 @@ run folder does; what is not a run folder gets one line saying what it is."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -122,3 +123,32 @@ def test_an_error_with_brackets_is_printed_as_written(tmp_path):
     folder = tmp_path / "runs[bold]x" / "[a-z0-9]"
     result = runner.invoke(app, ["replay", str(folder), "--text"])
     assert result.exit_code == 2 and "[bold]" in result.output and "[a-z0-9]" in result.output
+
+
+def test_export_never_writes_over_the_runs_own_store(tmp_path):
+    run = tmp_path / "toy"
+    shutil.copytree(ROOT / "sample_runs" / "toy", run)
+    before = (run / "run.db").read_bytes()
+    result = runner.invoke(app, ["export", str(run), "-o", str(run / "run.db"), "--force", "--format", "jsonl"])
+    assert result.exit_code == 2 and "the run's own store" in result.output
+    assert (run / "run.db").read_bytes() == before
+    kept = tmp_path / "kept"
+    shutil.copytree(KEPT, kept)
+    result = runner.invoke(app, ["export", str(kept), "-o", str(kept / "run.db.xz"), "--force", "--format", "jsonl"])
+    assert result.exit_code == 2 and "the run's own store" in result.output
+
+
+def test_an_export_that_fails_midway_leaves_no_partial_file(tmp_path, monkeypatch):
+    """A full disk once left a partial file that blocked the retry (it 'exists')."""
+    from mas_lab import export
+
+    def full(rows, output, batch=5000):
+        Path(output).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "_parquet", full)
+    out = tmp_path / "x.parquet"
+    with pytest.raises(OSError):
+        export.export_records(ROOT / "sample_runs" / "toy", out, "parquet")
+    assert list(tmp_path.iterdir()) == []
+    assert export.export_records(ROOT / "sample_runs" / "toy", tmp_path / "x.jsonl", "jsonl") > 0
