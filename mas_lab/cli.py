@@ -560,9 +560,7 @@ def ui(
     every process it started). A run whose tracking store is not here (copied from another machine
     or folder, a sample run) gets one rebuilt from its run store: params, metrics, the completions
     tables and the charts. Exits 2 without starting anything when the port is taken."""
-    import signal
     import socket
-    import subprocess
 
     from mas_lab.config import Tracking
     from mas_lab.tracking import resolve_uri
@@ -588,42 +586,12 @@ def ui(
                 soft_wrap=True,
             )
             uri = rebuild(target, cache_dir() / "tracking" / f"{target.name}-{key}")
-    console.print(f"MLflow UI on {uri}: http://127.0.0.1:{port}  (Ctrl+C stops it)", highlight=False, soft_wrap=True)
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    from mas_lab.children import die_with_parent
+    from mas_lab.mlflow_ui import serve
 
-    # its workers share its process group; it gets SIGTERM if this process is killed
-    server = subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent)
-
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl+C does
-
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)  # also where SIGINT came inherited as ignored (a background job's)
-    try:
-        code = server.wait()
-    except KeyboardInterrupt:
-        code = 0
-    finally:
-        try:
-            os.killpg(server.pid, signal.SIGTERM)  # the server and the workers it forked
-            server.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(server.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    console.print(f"starting the MLflow UI on {uri} ...", highlight=False, soft_wrap=True)
+    code = serve(
+        uri, port, lambda url: console.print(f"MLflow UI: {url}  (Ctrl+C stops it)", highlight=False, soft_wrap=True)
+    )
     if code:
         _fail(f"the MLflow UI ended with exit code {code}", code=1)
 

@@ -142,7 +142,12 @@ def test_ui_serves_the_runs_own_tracking_store(finished):
         store = json.loads(
             sqlite3.connect(run_dir / "run.db").execute("SELECT value FROM meta WHERE key = 'mlflow_uri'").fetchone()[0]
         )
-        assert f"http://127.0.0.1:{port}" in first and store in first, first
+        assert first.startswith("starting the MLflow UI on") and store in first, first
+        ready = proc.stdout.readline()  # printed only once the server answers (it once came 20-60 s early)
+        while ready and "MLflow UI: http" not in ready:  # the server's own lines share the pipe
+            ready = proc.stdout.readline()
+        assert f"MLflow UI: http://127.0.0.1:{port}" in ready, ready
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read()
         run_id = json.loads(
             sqlite3.connect(run_dir / "run.db")
             .execute("SELECT value FROM meta WHERE key = 'mlflow_run_id'")
@@ -327,7 +332,7 @@ def test_ui_serves_a_copied_runs_metrics_from_a_rebuilt_store(toy_run, tmp_path)
     try:
         lines = [proc.stdout.readline(), proc.stdout.readline()]
         assert "rebuilding one from the run store" in lines[0], lines
-        uri = lines[1].split("MLflow UI on ", 1)[1].split(": http", 1)[0]
+        uri = lines[1].split("starting the MLflow UI on ", 1)[1].rsplit(" ...", 1)[0]
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)
