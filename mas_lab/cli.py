@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from mas_lab import runs
 from mas_lab.config import TaskConfig
+from mas_lab.envs.base import EnvError
 from mas_lab.metric_names import TIME_KEYS
 from mas_lab.progress import ProgressEvent
 
@@ -156,6 +157,9 @@ def _train_with_progress(opened: runs.Run, use_ray: bool, stopped_by: list[int] 
         except runs.RunError as exc:
             bar.stop()
             _fail(str(exc), code=1)
+        except EnvError as exc:  # a plugin's reward or observation the trainer cannot use: one line
+            bar.stop()
+            _fail(f"the run stopped: {exc}; nothing of this step was trained on or stored", code=1)
         except (OSError, sqlite3.Error) as exc:  # a full disk, a lost mount: one line, not a traceback
             bar.stop()
             _fail(

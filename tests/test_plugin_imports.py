@@ -1,6 +1,7 @@
 """A plugin that exits or hangs at import is reported as failed, never takes the CLI down with it
 (`raise SystemExit(7)` made `mas-lab envs` and `mas-lab config` exit 7 silently; a sleeping import hung)."""
 
+import re
 import sys
 from importlib.metadata import EntryPoint
 
@@ -30,3 +31,45 @@ def test_a_plugin_that_fails_at_import_is_reported(tmp_path, monkeypatch, body, 
     assert "broken" not in registry
     assert said in registry.failed["broken"]
     sys.modules.pop(module, None)
+
+
+@pytest.mark.parametrize(
+    "reward, said",
+    [
+        (float("nan"), "reward team = nan is not a finite number"),
+        (float("inf"), "reward team = inf is not a finite number"),
+        (1e308, "reward team = 1e+308 is not a finite number of magnitude"),
+        ("1.0", "reward team = '1.0' is not a number"),
+    ],
+    ids=["nan", "inf", "huge", "a string"],
+)
+def test_a_reward_the_learner_cannot_use_stops_with_the_env_the_role_and_the_value(reward, said):
+    from mas_lab.envs.base import ActionResult, EnvError, Problem
+    from mas_lab.envs.toy import ToyEnv
+
+    class Broken(ToyEnv):
+        def act(self, role, turn, action):
+            return ActionResult(team=reward, local=0.0)
+
+    env = Broken(Problem({"letters": "a"}), {})
+    with pytest.raises(EnvError) as caught:
+        env.step(env.roles[0], 0, "a")
+    assert f"env 'Broken', role '{env.roles[0]}', turn 0: {said}" in str(caught.value)
+
+
+def test_an_observation_that_is_not_text_or_too_long_stops_with_the_env_and_the_role():
+    from mas_lab.envs.base import EnvError, Problem
+    from mas_lab.envs.toy import ToyEnv
+
+    class Dict(ToyEnv):
+        def observe(self, role, turn):
+            return {"grid": "..."}
+
+    class Huge(ToyEnv):
+        def observe(self, role, turn):
+            return "x" * 2_000_000
+
+    for cls, said in ((Dict, "observe() returned dict, not text"), (Huge, "an observation of 2000000 characters")):
+        env = cls(Problem({"letters": "a"}), {})
+        with pytest.raises(EnvError, match=re.escape(said)):
+            env.messages(env.roles[0], 0)

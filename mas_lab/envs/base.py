@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -29,6 +30,33 @@ class ActionResult:
     local: float
     components: dict[str, float] = field(default_factory=dict)
     info: str = ""
+
+
+class EnvError(Exception):
+    """An environment broke its contract with the trainer (a reward that is no finite number, an
+    observation that is not text or is too long): the message names the environment, the role,
+    the turn and the value, and the run stops before the value reaches the learner or the store."""
+
+
+MAX_REWARD = 1e6  # a reward larger than this in magnitude is taken as a bug (1e308 overflowed the groups)
+MAX_OBSERVATION_CHARS = 200_000  # a 2 MB observation ran 400 s without a word
+
+
+def _checked(env: "Env", role: str, turn: int, result: Any) -> "ActionResult":
+    where = f"env '{type(env).__name__}', role '{role}', turn {turn}"
+    if not isinstance(result, ActionResult):
+        raise EnvError(f"{where}: act() returned {type(result).__name__}, not an ActionResult")
+    values = {
+        "team": result.team,
+        "local": result.local,
+        **{f"components.{k}": v for k, v in result.components.items()},
+    }
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise EnvError(f"{where}: reward {name} = {value!r} is not a number")
+        if not math.isfinite(value) or abs(value) > MAX_REWARD:
+            raise EnvError(f"{where}: reward {name} = {value!r} is not a finite number of magnitude <= {MAX_REWARD:g}")
+    return result
 
 
 class EnvParams(BaseModel):
@@ -144,7 +172,7 @@ class Env(ABC):
         raise NotImplementedError(f"{type(self).__name__} is parallel but does not implement adopt()")
 
     def step(self, role: str, turn: int, action: str) -> ActionResult:
-        result = self.act(role, turn, action)
+        result = _checked(self, role, turn, self.act(role, turn, action))
         self.history.append((turn, role, action))
         return result
 
@@ -153,7 +181,18 @@ class Env(ABC):
         out = []
         if role in self.system_prompts:
             out.append({"role": "system", "content": self.system_prompts[role]})
-        out.append({"role": "user", "content": self.observe(role, turn)})
+        observation = self.observe(role, turn)
+        if not isinstance(observation, str):
+            raise EnvError(
+                f"env '{type(self).__name__}', role '{role}', turn {turn}: observe() returned "
+                f"{type(observation).__name__}, not text"
+            )
+        if len(observation) > MAX_OBSERVATION_CHARS:
+            raise EnvError(
+                f"env '{type(self).__name__}', role '{role}', turn {turn}: an observation of {len(observation)} "
+                f"characters (at most {MAX_OBSERVATION_CHARS})"
+            )
+        out.append({"role": "user", "content": observation})
         return out
 
     def clone(self) -> Self:
