@@ -320,3 +320,18 @@ def test_a_task_with_a_tool_helper_has_the_helper_control_rows():
     assert 0 < first <= with_tool["one move toward the goal a turn (no model)"]["pooled"] + 0.2
     without = reproduce.rule_baselines("tasks/plan_path_learns.yaml", [0])
     assert not any("solve()" in row or "tool's first" in row for row in without)
+
+
+def test_the_study_figure_names_its_real_problem_count_and_shades_the_range_over_seeds(tmp_path, monkeypatch):
+    """Its title said "64 problems" whatever the evaluation held, and it drew no spread."""
+    import matplotlib.figure
+
+    from mas_lab.study.plots import plot
+
+    runs = [_kept_run(f"results/credit/sokoban/at-grpo-at-grpo/seed-{seed}") for seed in (0, 1, 2)]
+    seen = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **kw: seen.setdefault("fig", fig))
+    plot(runs, tmp_path / "x.png", None, (), problems=4)
+    left = seen["fig"].axes[0]
+    assert "4 problems" in left.get_title() and "64" not in left.get_title()
+    assert "range over seeds" in left.get_title() and left.collections  # the shaded range

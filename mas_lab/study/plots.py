@@ -48,10 +48,17 @@ def _curve(key: str) -> bool:
     )
 
 
-def plot(results: list[dict], image: Path, constant: dict | None = None, names: tuple[str, ...] = ()) -> None:
-    """Left: held-out success against steps, each seed faint, the mean over seeds bold, and the
-    constant answer's pooled success with its 95% interval (grey). Right: the training reward of
-    each role, mean over seeds (solid: the tool agent or the single agent; dashed: the planner)."""
+def plot(
+    results: list[dict],
+    image: Path,
+    constant: dict | None = None,
+    names: tuple[str, ...] = (),
+    problems: int | None = None,
+) -> None:
+    """Left: held-out success against steps, each seed faint, the mean over seeds bold with the
+    range over seeds shaded, and the constant answer's pooled success with its 95% interval (grey).
+    Right: the training reward of each role, mean over seeds (solid: the tool agent or the single
+    agent; dashed: the planner). `problems`: the held-out problems per evaluation, for the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,7 +76,13 @@ def plot(results: list[dict], image: Path, constant: dict | None = None, names: 
             if seeds > 1:
                 faint = data.get("eval/success_rate", [(0, 0.0)])
                 left.plot([s for s, _ in faint], [v for _, v in faint], color=colour, alpha=0.25, linewidth=1)
-        steps, values = mean_curve([data.get("eval/success_rate", []) for data in runs])
+        successes = [data.get("eval/success_rate", []) for data in runs]
+        steps, values = mean_curve(successes)
+        if seeds > 1:  # the range over the seeds that reached each step (a range, not an interval)
+            by_step = [[v for curve in successes for s, v in curve if s == step] for step in steps]
+            left.fill_between(
+                steps, [min(v) for v in by_step], [max(v) for v in by_step], color=colour, alpha=0.12, linewidth=0
+            )
         left.plot(
             steps,
             values,
@@ -95,7 +108,10 @@ def plot(results: list[dict], image: Path, constant: dict | None = None, names: 
         left.axhline(constant["pooled"], color="grey", linestyle=":", label="constant answer (no model), 95% interval")
     left.set_ylim(0, 1)
     left.set(
-        title="held-out success (greedy, 64 problems): mean over seeds, each seed faint",
+        title=(
+            f"held-out success (greedy{f', {problems} problems' if problems else ''}): mean over seeds, "
+            "each seed faint, shaded: range over seeds"
+        ),
         xlabel="step",
         ylabel="success rate",
     )

@@ -485,7 +485,13 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     if not family.results_md:
         if results and family.images:
             lines, rows = table(results, family)
-            plot(results, Path(family.images) / family.image, rows.get("constant answer (no model)"), family.names)
+            plot(
+                results,
+                Path(family.images) / family.image,
+                rows.get("constant answer (no model)"),
+                family.names,
+                eval_n(results[0], Path(family.root)),
+            )
         return
     command = (family.command or f"mas-lab study {family.study_file} --task {{key}}").replace("{key}", family.key)
     if not results:
@@ -505,7 +511,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         return
     image = Path(family.images) / family.image
     lines, rows = table(results, family)
-    plot(results, image, rows.get("constant answer (no model)"), family.names)
+    plot(results, image, rows.get("constant answer (no model)"), family.names, eval_n(results[0], Path(family.root)))
     found = outcomes(rows, results[0]["task"], Path(family.root))
     claimed, pair_lines = orderings([n for n in rows if rows[n]["trained"]], found)
     swaps = swap_lines(results)
