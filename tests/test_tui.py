@@ -140,12 +140,18 @@ def test_live_screen_of_a_finished_run_shows_charts_and_events(finished):
                 "reward_per_role",
                 "reward_per_agent_turn",
                 "team",
-                "learner",
-                "sampling",
-                "drift",
-                "groups",
+                "learner-loss",
+                "learner-grad_norm",
+                "update-grad_clip_frac",
+                "sampling-entropy",
+                "sampling-response_len",
+                "drift-kl_initial",
                 "time",
             } <= set(charts)
+            # an axis per quantity: no chart holds two quantities of different scales
+            for name, chart in charts.items():
+                if name not in ("success", "hard", "team", "time", "groups") and not name.startswith("reward"):
+                    assert len({key.split("/", 1)[0] for key in chart.keys}) == 1, (name, chart.keys)
             keys = {key for chart in charts.values() for key in chart.keys}
             assert {
                 "reward/first",
@@ -159,8 +165,8 @@ def test_live_screen_of_a_finished_run_shows_charts_and_events(finished):
             } <= keys
             success = charts["success"].series["eval/success_rate"]
             assert [step for step, _ in success] == [0, 2, 3]  # eval points at their own steps (every 2, and the last)
-            legend = str(charts["learner"].query_one(".legend").render())
-            assert "loss/shared" in legend and "[" in legend  # last value with [min, max]
+            legend = str(charts["learner-loss"].query_one(".legend").render())
+            assert "loss/shared" in legend and "(min " in legend and "[" not in legend  # a range, not an interval
             log = "\n".join(str(line.text) for line in app.screen.query_one("#events").lines)
             assert "eval" in log and "placement" in log  # checkpoints are the header's, not the log's
             assert "rollout" in text(app, "#split")
@@ -261,7 +267,7 @@ def test_replay_text_is_not_all_bold_and_the_help_screen_lists_every_key(finishe
             await pilot.press("escape")
             assert type(app.screen).__name__ == "ReplayScreen"
             await pilot.press("e")  # the held-out episodes
-            assert "eval step 0" in text(app, "#where") and "1 candidates" in text(app, "#candidates")
+            assert "eval step 0" in text(app, "#where") and "1 candidate\n" in text(app, "#candidates")
             await pilot.press("e")
             assert text(app, "#where").startswith("step 1")
 

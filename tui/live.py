@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Label, RichLog, Static
 from textual_plotext import PlotextPlot
 
-from mas_lab.plots import baseline_name
+from mas_lab.plots import axis_groups, baseline_name
 from tui.data import SPLIT, LiveSnapshot, event_line, fmt_duration, live_snapshot, now
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _fmt(value: float) -> str:
 class Chart(Vertical):
     """One panel of `mas-lab plot` as a terminal line chart: training step on the x-axis, a line
     per metric key (eval success only at the steps it was evaluated), and below it each key's
-    last value with its [min, max]."""
+    last value with the smallest and largest seen."""
 
     def __init__(self, panel: str, title: str, series: dict[str, list[tuple[int, float]]]) -> None:
         super().__init__(classes="chart-box", id=f"chart-{panel}")
@@ -55,7 +55,8 @@ class Chart(Vertical):
                 continue
             values = [v for _, v in points]
             if values:
-                parts.append(f"{key} {_fmt(values[-1])} [{_fmt(min(values))}, {_fmt(max(values))}]")
+                # the last value and the range seen (min-max: not an interval)
+                parts.append(f"{key} {_fmt(values[-1])} (min {_fmt(min(values))}, max {_fmt(max(values))})")
         return "   ".join(parts)
 
     def compose(self) -> ComposeResult:
@@ -181,11 +182,17 @@ class LiveScreen(Screen):
     def _charts(self, snap: LiveSnapshot) -> None:
         box = self.query_one("#charts", VerticalScroll)
         existing = {chart.panel: chart for chart in box.query(Chart)}
-        for panel, (title, series) in snap.panels.items():
-            if panel in existing:
-                existing[panel].show(series)
-            else:
-                box.mount(Chart(panel, title, series))
+        for name, (title, series) in snap.panels.items():
+            # an axis per quantity, as `mas-lab plot` draws them: grad norm 0-6.6 beside a loss of ~0.08
+            # on one axis flattened the loss; the success panels keep their interval ends beside the points
+            groups = {"": series} if name in ("success", "hard") else axis_groups(series)
+            for quantity, members in groups.items():
+                panel = f"{name}-{quantity}" if quantity else name
+                shown = f"{title}: {quantity}" if quantity and len(groups) > 1 else title
+                if panel in existing:
+                    existing[panel].show(members)
+                else:
+                    box.mount(Chart(panel, shown, members))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Pause and resume only while the run is live: hidden from the footer otherwise."""
