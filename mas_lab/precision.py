@@ -63,4 +63,5 @@ def report(requested: str, device: str) -> dict[str, object]:
         "dtype": resolved,
         "device": device,
         "emulated_bf16": resolved == "bfloat16" and not native_bf16(device),
+        "native_bf16": native_bf16(device),
     }

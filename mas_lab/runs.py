@@ -374,6 +374,15 @@ def _record_precision(run: Run, step: int, reports: dict[str, dict], tell) -> di
         )
         run.store.event(step, "warning", message)
         tell(ProgressEvent("warning: " + message, step))
+    # asked for float32 where the actor's device has native bf16 (an actor reports it: it may be another node)
+    wasted = sorted(actor for actor, r in reports.items() if r.get("requested") == "float32" and r.get("native_bf16"))
+    if wasted:
+        message = (
+            f"float32 where this machine computes bfloat16 natively, for {', '.join(wasted)}: about twice the "
+            "time a step needs; set the policy's dtype to auto (or bfloat16)"
+        )
+        run.store.event(step, "warning", message)
+        tell(ProgressEvent("warning: " + message, step))
     return {actor: str(r["dtype"]) for actor, r in reports.items()}
 
 

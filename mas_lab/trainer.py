@@ -413,6 +413,14 @@ class Trainer:
             step = self.step + 1
             result = self.train_step(step, tell)
             self.step = step
+            if result.metrics.get("zero_std_frac") == 1.0 and step == 1:
+                message = (
+                    "every group of step 1 tied (all K candidates earned the same reward): no signal to train on; "
+                    "a task that stays so spends its learner time on nothing (see docs/new-task.md: a format "
+                    "warm-up, train.warmup_steps, the zero_std filter, or easier problems)"
+                )
+                self.store.event(step, "warning", message)
+                tell(ProgressEvent("warning: " + message, step))
             self.promote(step)
             tell(ProgressEvent("done", step, result.metrics))
             if step == train.steps or (train.eval_every and step % train.eval_every == 0):

@@ -34,6 +34,7 @@ def test_auto_is_bfloat16_only_on_a_cpu_with_native_bf16(cpu):
         "dtype": "bfloat16",
         "device": "cpu",
         "emulated_bf16": True,
+        "native_bf16": False,
     }
     cpu(BF16)
     assert precision.resolve("auto", "cpu") == "bfloat16"
@@ -120,3 +121,33 @@ def test_no_shipped_task_asks_for_bfloat16_outright():
         if policy.dtype == "bfloat16"
     }
     assert not asked, asked
+
+
+def test_a_run_warns_where_float32_was_asked_on_a_cpu_with_native_bf16(tmp_path):
+    """A setting that wastes a CPU: float32 where bf16 is native (about twice the step time)."""
+    from mas_lab import runs
+    from mas_lab.store import RunStore
+
+    class Opened:
+        store = RunStore(tmp_path / "run.db")
+
+    said = []
+    reports = {
+        "learner full:shared": {
+            "requested": "float32",
+            "dtype": "float32",
+            "device": "cpu",
+            "emulated_bf16": False,
+            "native_bf16": True,
+        },
+        "rollout full:other#0": {
+            "requested": "auto",
+            "dtype": "bfloat16",
+            "device": "cpu",
+            "emulated_bf16": False,
+            "native_bf16": True,
+        },
+    }
+    runs._record_precision(Opened, 0, reports, lambda event: said.append(event.phase))
+    assert len(said) == 1 and "float32 where this machine computes bfloat16 natively" in said[0]
+    assert "learner full:shared" in said[0] and "other" not in said[0]

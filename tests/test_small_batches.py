@@ -66,3 +66,32 @@ def test_a_policy_with_fewer_samples_than_min_samples_is_not_updated(tmp_path):
     plain = FakeBackend(FakeEngine())
     Trainer(load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=4"]), plain, RunStore(tmp_path / "b.db")).train_step(1)
     assert len(plain.updates[0]["shared"]) > 0
+
+
+def test_a_first_step_whose_groups_all_tie_is_announced(tmp_path):
+    """A task with no signal at step 1 spent minutes a step training nothing, without a word."""
+    from mas_lab.backend import Backend
+
+    task = load_task(
+        ROOT / "tasks" / "toy.yaml",
+        [
+            "train.steps=1",
+            "train.eval_every=0",
+            "checkpoint.every=0",
+            "roles.0.sampling.temperature=0.01",
+            "roles.1.sampling.temperature=0.01",
+            "algorithm.k=2",
+            "train.problems_per_step=1",
+        ],
+    )
+    said = []
+    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"), run_dir=tmp_path)
+    try:
+        trainer.run(lambda event: said.append(event.phase))
+    finally:
+        trainer.backend.shutdown()
+    tied = trainer.store.metrics(1)[1]["zero_std_frac"] == 1.0
+    assert tied  # near-greedy sampling of a tiny untrained model: K identical replies
+    warned = [m for (m,) in trainer.store.db.execute("SELECT message FROM events WHERE kind = 'warning'")]
+    assert tied == any("every group of step 1 tied" in m for m in warned)
+    assert tied == any(p.startswith("warning: every group of step 1 tied") for p in said)
