@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -525,3 +526,31 @@ def test_describe_exit_names_the_signal(code, words):
     from mas_lab.study.runner import describe_exit
 
     assert words in describe_exit(code)
+
+
+def test_two_studies_on_one_cell_train_it_once(tmp_path, monkeypatch, capsys):
+    """Two study files with one `out`, started 0.5 s apart, once trained the same cell at once and
+    one attempt vanished from segments.json: a cell is trained under its lock, the second driver
+    leaves it to the first."""
+    import threading
+
+    from mas_lab.study import runner
+
+    starts = tmp_path / "starts"
+    fake = tmp_path / "mas-lab"
+    fake.write_text(f'#!/bin/sh\necho started >> {starts}\nsleep 2\necho \'{{"run_dir": "runs/x", "steps": 2}}\'\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(runner, "MAS_LAB", str(fake))
+    family = load_study(_toy_study(tmp_path, seeds=[0]))[0]
+    results = []
+    first = threading.Thread(
+        target=lambda: results.append(runner.run_regime(family, "MAS + AT-GRPO", 0, Path(family.out), []))
+    )
+    first.start()
+    time.sleep(0.5)
+    second = runner.run_regime(family, "MAS + AT-GRPO", 0, Path(family.out), [])
+    first.join()
+    assert second is None and "another study is training this cell" in capsys.readouterr().err
+    assert starts.read_text().count("started") == 1 and results[0] is not None
+    (segments,) = [json.loads(p.read_text()) for p in Path(family.out).glob("*/seed-0/segments.json")]
+    assert len(segments) == 1

@@ -4,6 +4,7 @@ attempts), the swap ablation of per-role runs, and keeping each finished run in 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import lzma
 import os
@@ -102,8 +103,24 @@ def run_regime(
     summary_file = folder / "summary.json"
     if summary_file.is_file():
         return json.loads(summary_file.read_text())
-    task, overrides = family.regimes[name]
     folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "cell.lock", "a") as lock:
+        try:  # one driver a cell: two studies with one `out`, started together, once both trained it
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[study] {name} seed {seed}: another study is training this cell; left to it", file=sys.stderr)
+            return None
+        if summary_file.is_file():  # kept by the driver that held the lock before us
+            return json.loads(summary_file.read_text())
+        return _run_cell(family, name, seed, folder, extra, tracking)
+
+
+def _run_cell(
+    family: Family, name: str, seed: int, folder: Path, extra: list[str], tracking: tuple[str, ...]
+) -> dict | None:
+    """run_regime's work, under the cell's lock."""
+    summary_file = folder / "summary.json"
+    task, overrides = family.regimes[name]
     sets = [
         *family.common,
         *overrides,
