@@ -804,6 +804,7 @@ def study_run(
         if problem:
             _fail(f"--address: {problem}")
     from mas_lab.study.reuse import ReuseError
+    from mas_lab.study.spec import DamagedStudyFile
 
     try:
         results = run_study(
@@ -818,6 +819,8 @@ def study_run(
         )
     except ReuseError as exc:
         _fail(f"{study_file}: {exc}")
+    except DamagedStudyFile as exc:
+        _fail(str(exc))
     print(json.dumps(summary_rows(results)))
 
 
@@ -832,8 +835,12 @@ def study_status(
     from rich.table import Table
 
     from mas_lab.study.driver import study_status as read
+    from mas_lab.study.spec import DamagedStudyFile
 
-    rows = read(_load_study(study_file, task))
+    try:
+        rows = read(_load_study(study_file, task))
+    except DamagedStudyFile as exc:
+        _fail(str(exc))
     if as_json:
         for row in rows:
             print(json.dumps(row))

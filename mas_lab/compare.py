@@ -9,13 +9,13 @@ PNG and Markdown out."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from mas_lab.notebook import RunData, load_run, load_study
 from mas_lab.reporting import wilson_interval
+from mas_lab.study.spec import read_kept_json
 
 PANELS = {
     "success": ("held-out success (greedy)", ["eval/success_rate"]),
@@ -50,7 +50,7 @@ def gather(paths: list[Path], labels: dict[Path, str] | None = None, group_by: s
         )
         for name, run in runs.items():
             summary = run.path / "summary.json"
-            regime = json.loads(summary.read_text()).get("regime") if summary.is_file() else None
+            regime = read_kept_json(summary).get("regime") if summary.is_file() else None
             if path in labels:
                 label = labels[path]
             elif group_by == "regime":

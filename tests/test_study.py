@@ -554,3 +554,22 @@ def test_two_studies_on_one_cell_train_it_once(tmp_path, monkeypatch, capsys):
     assert starts.read_text().count("started") == 1 and results[0] is not None
     (segments,) = [json.loads(p.read_text()) for p in Path(family.out).glob("*/seed-0/segments.json")]
     assert len(segments) == 1
+
+
+@pytest.mark.parametrize("name", ["summary.json", "segments.json"])
+def test_a_damaged_kept_file_is_one_line_in_status_report_and_compare(tmp_path, name):
+    """A garbage summary.json or segments.json once ended `study status`, `--report-only` and
+    `compare` in a JSONDecodeError traceback or a bare "Aborted."."""
+    path = _toy_study(tmp_path, seeds=[0])
+    family = load_study(path)[0]
+    cell = Path(family.out) / "mas--at-grpo" / "seed-0"
+    cell.mkdir(parents=True)
+    (cell / name).write_text("{not json")
+    runner = CliRunner()
+    commands = [["study", "status", str(path)]]
+    if name == "summary.json":  # the report reads the summaries (segments only say where a run went)
+        commands.append(["study", "run", str(path), "--report-only"])
+    for args in commands:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert f"{name}: damaged, not JSON" in result.output and "Traceback" not in result.output

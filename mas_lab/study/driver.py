@@ -17,6 +17,7 @@ from pathlib import Path
 from mas_lab.study.families import Family, slug
 from mas_lab.study.report import report
 from mas_lab.study.runner import archive_folder, complete, run_regime
+from mas_lab.study.spec import read_kept_json
 
 
 @dataclass(frozen=True)
@@ -226,10 +227,10 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
         kept = archive_folder(cell.family.archive_dir, cell.regime, cell.seed) / "summary.json"
         summary = kept if kept.is_file() else cell.folder / "summary.json"
         segments_file = cell.folder / "segments.json"
-        segments = json.loads(segments_file.read_text()) if segments_file.is_file() else []
+        segments = read_kept_json(segments_file) if segments_file.is_file() else []
         row["node"] = segments[-1].get("node") if segments else None
         if summary.is_file():
-            result = json.loads(summary.read_text())
+            result = read_kept_json(summary)
             row.update(
                 status="kept" if summary == kept else "finished",
                 step=result["summary"].get("steps"),

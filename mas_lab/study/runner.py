@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mas_lab.children import die_with_parent
 from mas_lab.study.families import Family, slug
+from mas_lab.study.spec import read_kept_json
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 STORE = "run.db.xz"  # a kept run's store, in its archive folder
@@ -102,7 +103,7 @@ def run_regime(
     folder = out / slug(name) / f"seed-{seed}"
     summary_file = folder / "summary.json"
     if summary_file.is_file():
-        return json.loads(summary_file.read_text())
+        return read_kept_json(summary_file)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "cell.lock", "a") as lock:
         try:  # one driver a cell: two studies with one `out`, started together, once both trained it
@@ -111,7 +112,7 @@ def run_regime(
             print(f"[study] {name} seed {seed}: another study is training this cell; left to it", file=sys.stderr)
             return None
         if summary_file.is_file():  # kept by the driver that held the lock before us
-            return json.loads(summary_file.read_text())
+            return read_kept_json(summary_file)
         return _run_cell(family, name, seed, folder, extra, tracking)
 
 
@@ -136,7 +137,7 @@ def _run_cell(
         print(f"[study] {name} seed {seed}: {exc}; left to it", file=sys.stderr, flush=True)
         return None
     segments_file = folder / "segments.json"
-    segments = json.loads(segments_file.read_text()) if resume_dir and segments_file.is_file() else []
+    segments = read_kept_json(segments_file) if resume_dir and segments_file.is_file() else []
     # a resumed run keeps its own settings; only its placement (torch threads of this study's --jobs) follows this call
     placement = [a for s in sets if s.startswith("resources.") for a in ("--set", s)]
     launch = [MAS_LAB, "run", "--resume", str(resume_dir), "--no-ray", *placement] if resume_dir else command
@@ -267,11 +268,11 @@ def complete(out: Path, archive: Path | None = None, order: tuple[str, ...] = ()
     any run finished in the work folder `out` that is not kept yet; in `order` of regimes, then seed."""
     archive = archive or out / "archive"
     for path in sorted(out.glob("*/seed-*/summary.json")):
-        result = json.loads(path.read_text())
+        result = read_kept_json(path)
         if not (archive_folder(archive, result["regime"], result["seed"]) / "summary.json").is_file():
             keep(result, archive)
     found = []
     for path in sorted(archive.glob("*/seed-*/summary.json")):
-        found.append({**json.loads(path.read_text()), "store": str(path.parent / STORE)})
+        found.append({**read_kept_json(path), "store": str(path.parent / STORE)})
     rank = {name: i for i, name in enumerate(order)}
     return sorted(found, key=lambda r: (rank.get(r["regime"], len(rank)), r["regime"], r["seed"]))

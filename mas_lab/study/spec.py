@@ -35,6 +35,24 @@ class StudyFileError(ValueError):
     """A study file that cannot run; the message names the file and the field."""
 
 
+class DamagedStudyFile(ValueError):
+    """A file a study keeps (summary.json, segments.json, state) that does not parse; the message
+    names it and what to do."""
+
+
+def read_kept_json(path: Path):
+    """A study's kept JSON file, or DamagedStudyFile naming it (a garbage summary.json once ended
+    `study status`, `--report-only` and `compare` in a JSONDecodeError traceback)."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DamagedStudyFile(
+            f"{path}: damaged, not JSON ({exc}); move it aside (the cell is then run again) or restore it"
+        ) from None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
