@@ -720,6 +720,7 @@ def compare(
     that differ, the final held-out success per label, and every pair of labels paired on the same
     held-out problems (discordant counts, exact test, difference)."""
     from mas_lab.compare import compare as write
+    from mas_lab.store import StoreError
 
     for target in targets:
         if not target.is_dir():
@@ -728,7 +729,7 @@ def compare(
         _fail(f"--label: {len(label)} labels for {len(targets)} targets (give one per target)")
     try:
         path = write(targets, output, dict(zip(targets, label)) if label else None, group_by)
-    except (FileNotFoundError, OSError, ValueError) as exc:
+    except (OSError, ValueError, StoreError, sqlite3.DatabaseError) as exc:  # missing, damaged, foreign stores
         _fail(str(exc))
     print(path)
 

@@ -33,7 +33,12 @@ class Compared:
     run: RunData
 
 
-def gather(paths: list[Path], labels: dict[Path, str] | None = None, group_by: str = "regime") -> list[Compared]:
+def gather(
+    paths: list[Path],
+    labels: dict[Path, str] | None = None,
+    group_by: str = "regime",
+    skipped: dict[str, str] | None = None,
+) -> list[Compared]:
     """Every run under the given run or study folders, with its label: `labels` (a folder's label,
     given), else by `group_by`: "regime" (a kept study run's regime, else the run's own name: runs
     are pooled only when they are seeds of one regime), "run" (every run its own label), "task"
@@ -46,7 +51,7 @@ def gather(paths: list[Path], labels: dict[Path, str] | None = None, group_by: s
         runs = (
             {path.name: load_run(path)}
             if (path / "run.db").is_file() or (path / "run.db.xz").is_file()
-            else {f"{path.name}/{name}": run for name, run in load_study(path).runs.items()}
+            else _study_runs(path, skipped)
         )
         for name, run in runs.items():
             summary = run.path / "summary.json"
@@ -68,6 +73,14 @@ def gather(paths: list[Path], labels: dict[Path, str] | None = None, group_by: s
     if not found:
         raise FileNotFoundError(f"no run folder (run.db or run.db.xz) under {', '.join(map(str, paths))}")
     return found
+
+
+def _study_runs(path: Path, skipped: dict[str, str] | None) -> dict[str, RunData]:
+    """The readable runs of a study folder; a damaged one goes to `skipped` (name -> why)."""
+    study = load_study(path)
+    if skipped is not None:
+        skipped.update({f"{path.name}/{name}": why for name, why in study.damaged.items()})
+    return {f"{path.name}/{name}": run for name, run in study.runs.items()}
 
 
 def _keys(metrics, patterns: list[str]) -> list[str]:
@@ -271,11 +284,14 @@ def update_table(runs: list[Compared]) -> list[str]:
 
 def compare(paths: list[Path], out: Path, labels: dict[Path, str] | None = None, group_by: str = "regime") -> Path:
     """Write compare.md and the PNGs into `out`; returns the Markdown file."""
-    runs = gather(paths, labels, group_by)
+    skipped: dict[str, str] = {}
+    runs = gather(paths, labels, group_by, skipped)
     out.mkdir(parents=True, exist_ok=True)
     images = plot(runs, out)
     diff = differences(runs)
     lines = [f"# {len(runs)} runs compared", "", "Runs: " + ", ".join(f"`{r.name}` ({r.label})" for r in runs), ""]
+    if skipped:
+        lines += ["Not compared (damaged): " + "; ".join(f"`{name}`: {why}" for name, why in skipped.items()), ""]
     lines += table(runs) + [""]
     if paired := paired_table(runs):
         lines += [

@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_lab.algo.groups import GroupStats
-from mas_lab.store import RunStore
+from mas_lab.store import RunStore, StoreError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -149,11 +150,20 @@ def load_run(path: str | Path) -> RunData:
     from mas_lab.run_folder import run_folder
 
     folder = Path(path)
-    scratch = None
     store_file = run_folder(folder) / "run.db"  # a kept run (run.db.xz) is unpacked once, into the cache
+    store = RunStore(store_file, create=False)  # StoreError: not a store, or from a newer mas-lab
+    try:
+        problem = store.integrity_problem()
+    finally:
+        store.close()
+    if problem:  # as status, export, replay and plot refuse it: no table of a damaged store
+        raise StoreError(f"{store_file}: damaged ({problem}); nothing was read")
     task_file = folder / "task.yaml"
-    task = yaml.safe_load(task_file.read_text()) if task_file.is_file() else {}
-    return RunData(folder, task, store_file, scratch)
+    try:
+        task = yaml.safe_load(task_file.read_text()) if task_file.is_file() else {}
+    except yaml.YAMLError as exc:
+        raise StoreError(f"{task_file}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return RunData(folder, task if isinstance(task, dict) else {}, store_file)
 
 
 @dataclass
@@ -163,6 +173,7 @@ class StudyData:
 
     path: Path
     runs: dict[str, RunData]
+    damaged: dict[str, str] = field(default_factory=dict)  # run -> why it could not be read
 
     @functools.cached_property
     def summary(self) -> "pd.DataFrame":
@@ -184,6 +195,7 @@ class StudyData:
                     "success_after": float(evals.iloc[-1]) if evals is not None and len(evals) > 1 else None,
                 }
             )
+        rows += [{"run": name, "damaged": why} for name, why in self.damaged.items()]
         return pd.DataFrame(rows)
 
 
@@ -201,4 +213,12 @@ def load_study(path: str | Path) -> StudyData:
     found = sorted({p.parent for pattern in ("**/run.db", "**/run.db.xz") for p in root.glob(pattern)})
     if not found:
         raise FileNotFoundError(f"{root}: no run folder (run.db or run.db.xz) under it")
-    return StudyData(root, {str(folder.relative_to(root)): load_run(folder) for folder in found})
+    runs: dict[str, RunData] = {}
+    damaged: dict[str, str] = {}
+    for folder in found:  # one damaged run is named, it does not take the study down with it
+        name = str(folder.relative_to(root))
+        try:
+            runs[name] = load_run(folder)
+        except (OSError, StoreError, sqlite3.DatabaseError) as exc:
+            damaged[name] = str(exc)
+    return StudyData(root, runs, damaged)

@@ -152,3 +152,35 @@ def test_an_export_that_fails_midway_leaves_no_partial_file(tmp_path, monkeypatc
         export.export_records(ROOT / "sample_runs" / "toy", out, "parquet")
     assert list(tmp_path.iterdir()) == []
     assert export.export_records(ROOT / "sample_runs" / "toy", tmp_path / "x.jsonl", "jsonl") > 0
+
+
+def _damaged_copy(tmp_path, how):
+    run = tmp_path / "study" / "bad" / "seed-0"
+    shutil.copytree(ROOT / "sample_runs" / "toy", run)
+    data = (run / "run.db").read_bytes()
+    if how == "truncated":
+        (run / "run.db").write_bytes(data[: len(data) // 3])
+    elif how == "zeroed page":
+        (run / "run.db").write_bytes(data[:8192] + b"\0" * 4096 + data[12288:])
+    elif how == "text":
+        (run / "run.db").write_text("hello")
+    return run
+
+
+@pytest.mark.parametrize("how", ["truncated", "zeroed page", "text"])
+def test_a_damaged_store_is_refused_by_load_run_and_named_by_compare_and_load_study(tmp_path, how):
+    import mas_lab
+    from mas_lab.store import StoreError
+
+    run = _damaged_copy(tmp_path, how)
+    with pytest.raises(StoreError):
+        mas_lab.load_run(run)
+    result = runner.invoke(app, ["compare", str(run), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    shutil.copytree(ROOT / "sample_runs" / "toy", tmp_path / "study" / "good" / "seed-0")
+    study = mas_lab.load_study(tmp_path / "study")
+    assert list(study.runs) == ["good/seed-0"] and list(study.damaged) == ["bad/seed-0"]
+    assert len(study.summary) == 2  # the damaged run has its row, saying why
+    result = runner.invoke(app, ["compare", str(tmp_path / "study"), "-o", str(tmp_path / "out2")])
+    assert result.exit_code == 0, result.output
+    assert "Not compared (damaged): `study/bad/seed-0`" in (tmp_path / "out2" / "compare.md").read_text()
