@@ -243,6 +243,12 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
         tracker.log_artifact(run_dir / "task.yaml")
         for key, value in changed.items():
             tracker.set_tag(f"mas_lab.resumed.{key}", f"{old.get(key)} -> {value}"[:5000])
+        # the store too (the dashboard and load_run read it, not MLflow): what changed, from what, to what
+        store.event(
+            saved["step"],
+            "resume",
+            "changed on resume: " + "; ".join(f"{k} {old.get(k)} -> {v}" for k, v in changed.items())[:5000],
+        )
     return Run(task, run_dir, store, tracker, resume_from=last)
 
 

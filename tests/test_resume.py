@@ -326,3 +326,7 @@ def test_a_finished_run_continues_with_more_steps_and_a_role_sampling_more_candi
     meta = store.meta()
     tags = MlflowClient(meta["mlflow_uri"]).get_run(meta["mlflow_run_id"]).data.tags
     assert tags.get("mas_lab.resumed.roles.0.k") == "None -> 3", {k: v for k, v in tags.items() if "resumed" in k}
+    (changed,) = [
+        r["message"] for r in store.rows("SELECT message FROM events WHERE message LIKE 'changed on resume%'")
+    ]
+    assert "roles.0.k None -> 3" in changed and "train.steps" in changed  # in the store too, not only MLflow
