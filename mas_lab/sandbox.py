@@ -626,6 +626,8 @@ def take_refusal() -> str | None:
 def run_python(code: str, limits: Limits = Limits(), stdin: str = "") -> SandboxResult:
     """Run `code` under the isolation of `capabilities()`; never raises (a refusal is a status,
     sandbox_error, and is recorded for take_refusal)."""
+    if "\0" in code:  # Python reads source up to a NUL byte: the rest never ran, yet it said `ok`
+        return SandboxResult("error", "", "SyntaxError: source code contains a NUL byte", 0.0, 1)
     try:
         isolation = capabilities()
     except SandboxUnavailable as exc:

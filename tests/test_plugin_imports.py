@@ -73,3 +73,11 @@ def test_an_observation_that_is_not_text_or_too_long_stops_with_the_env_and_the_
         env = cls(Problem({"letters": "a"}), {})
         with pytest.raises(EnvError, match=re.escape(said)):
             env.messages(env.roles[0], 0)
+
+
+def test_source_with_a_nul_byte_is_an_error_not_ok():
+    """Python stopped reading at the NUL: the code after it never ran and the run said `ok`."""
+    from mas_lab.sandbox import run_python
+
+    result = run_python("print(1)\0\nraise SystemExit(3)")
+    assert result.status == "error" and "NUL byte" in result.stderr and not result.ok
