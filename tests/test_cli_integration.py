@@ -48,11 +48,16 @@ def test_run_prints_progress_and_a_summary(finished_run):
         "baselines",
         "hard_after",
         "verdict",
+        "paired",
+        "update",
         "steps",
         "stopped",
         "precision",
         "code",
     }
+    # the paired comparison of the evaluations before and after, on the same problems
+    assert set(summary["paired"]["change"]) >= {"word", "n", "a_only", "b_only", "p_value", "diff_ci"}
+    assert 0.0 <= summary["update"]["shared"]["clip_bound_share"] <= 1.0  # what the updates did
     assert summary["code"] == [code_version()]  # one fingerprint: the run was never resumed by other code
     assert summary["precision"] == {"rollout full:shared#0": "float32", "learner full:shared": "float32"}
     assert "dtype (rollout and learner)" in proc.stderr
