@@ -1,10 +1,11 @@
 """mas-lab: train teams of LLM agents with AT-GRPO (arXiv 2510.11062). The headless core.
 
-The notebook API: `mas_lab.load_run(path)` and `mas_lab.load_study(path)` (mas_lab/notebook.py),
-imported on first use so that `import mas_lab` stays light."""
+The notebook API: `mas_lab.load_run(path)`, `mas_lab.load_study(path)` and
+`mas_lab.paired_runs(runs_a, runs_b)` (mas_lab/notebook.py), imported on first use so that
+`import mas_lab` stays light."""
 
 __version__ = "0.1.0"
-__all__ = ["load_run", "load_study"]
+__all__ = ["load_run", "load_study", "paired_runs"]
 
 
 def __getattr__(name: str):

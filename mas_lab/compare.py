@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from mas_lab.notebook import RunData, load_run, load_study
+from mas_lab.notebook import RunData, final_outcomes, load_run, load_study
 from mas_lab.reporting import wilson_interval
 from mas_lab.study.spec import read_kept_json
 
@@ -207,18 +207,6 @@ def table(runs: list[Compared]) -> list[str]:
             f"{' / '.join(f'{s / m:.3f}' for s, m in finals)} |"
         )
     return lines
-
-
-def final_outcomes(run: RunData) -> dict[str, bool]:
-    """Success per held-out problem at the run's last evaluation (the first sample of each problem)."""
-    episodes = run.episodes.query("kind == 'eval'")
-    if not len(episodes):
-        return {}
-    last = episodes[episodes["step"] == episodes["step"].max()].sort_values("episode")
-    out: dict[str, bool] = {}
-    for problem, success in zip(last["problem_id"], last["success"]):
-        out.setdefault(str(problem), bool(success))
-    return out
 
 
 def paired_table(runs: list[Compared]) -> list[str]:

@@ -3,8 +3,8 @@
 A run's summary, `mas-lab eval`, `compare` and the study report compare success rates measured on
 one seeded set of held-out problems. This module reads a run store's per-problem outcomes and
 pairs them: the evaluation after training against the one before, against each baseline without
-a model (the best constant answer and the reading rules, replayed on the same problems), and two
-runs of the same seed against each other. The words come from `paired.Verdict`.
+a model (the best constant answer and the reading rules, replayed on the same problems). Runs of two
+arms against each other: `mas_lab.paired_runs` (notebook.py), the study report and `compare`.
 """
 
 from __future__ import annotations
@@ -76,17 +76,3 @@ def run_evidence(
     if hard_team is not None:
         out["hard"] = against_baselines(task, hard_team, held.hard)
     return out
-
-
-def paired_runs(runs: Sequence[tuple[RunStore, int]], others: Sequence[tuple[RunStore, int]]) -> Verdict | None:
-    """Runs of one arm against runs of another, seed by seed: each element is a run's store and the
-    step of its evaluation, the i-th of `runs` paired with the i-th of `others` (the same seed) on
-    the problems both evaluated. None where a pair shares no problem."""
-    pairs = []
-    for (a_store, a_step), (b_store, b_step) in zip(runs, others, strict=True):
-        a, b = a_store.eval_outcomes(a_step), b_store.eval_outcomes(b_step)
-        common = [pid for pid in a if pid in b]
-        if not common:
-            return None
-        pairs.append(([a[pid] for pid in common], [b[pid] for pid in common]))
-    return compare_paired(pairs) if pairs else None

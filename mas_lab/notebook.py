@@ -222,3 +222,39 @@ def load_study(path: str | Path) -> StudyData:
         except (OSError, StoreError, sqlite3.DatabaseError) as exc:
             damaged[name] = str(exc)
     return StudyData(root, runs, damaged)
+
+
+def final_outcomes(run: RunData) -> dict[str, bool]:
+    """Success per held-out problem at the run's last evaluation (the first sample of each problem)."""
+    episodes = run.episodes.query("kind == 'eval'")
+    if not len(episodes):
+        return {}
+    last = episodes[episodes["step"] == episodes["step"].max()].sort_values("episode")
+    out: dict[str, bool] = {}
+    for problem, success in zip(last["problem_id"], last["success"]):
+        out.setdefault(str(problem), bool(success))
+    return out
+
+
+def paired_runs(runs_a, runs_b):
+    """Runs of one arm against runs of another on the same held-out problems, seed by seed
+    (mas_lab/paired.py): `runs_a` and `runs_b` are run folders or RunData, or lists of them in
+    the same seed order. Returns a `Verdict` (its `word`, `evidence()`, `as_dict()`); the final
+    evaluations are paired on the problems both evaluated."""
+    from mas_lab.paired import compare_paired
+
+    def listed(runs) -> list[RunData]:
+        items = runs if isinstance(runs, (list, tuple)) else [runs]
+        return [r if isinstance(r, RunData) else load_run(r) for r in items]
+
+    a_runs, b_runs = listed(runs_a), listed(runs_b)
+    if len(a_runs) != len(b_runs):
+        raise ValueError(f"paired_runs needs one run of each arm per seed: {len(a_runs)} against {len(b_runs)}")
+    pairs = []
+    for a, b in zip(a_runs, b_runs):
+        x, y = final_outcomes(a), final_outcomes(b)
+        common = [pid for pid in x if pid in y]
+        if not common:
+            raise ValueError(f"{a.path} and {b.path}: no held-out problem in common (different seeds or tasks?)")
+        pairs.append(([x[pid] for pid in common], [y[pid] for pid in common]))
+    return compare_paired(pairs)

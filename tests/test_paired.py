@@ -77,3 +77,19 @@ def test_a_sentence_names_every_comparison_with_its_evidence():
     )
     assert s.startswith("below the rows-first rule (n=64, discordant 0/11")
     assert "; above the constant answer (n=64, discordant 34/0" in s
+
+
+def test_the_notebook_pairs_runs_seed_by_seed():
+    """mas_lab.paired_runs: the same verdict the study report gives, from run folders."""
+    from conftest import ROOT
+
+    import mas_lab
+
+    kept = ROOT / "results" / "credit" / "sokoban"
+    at_grpo = [kept / "at-grpo-at-grpo" / f"seed-{s}" for s in (0, 1, 2)]
+    dr_mas = [kept / "per-agent-normalisation-dr-mas" / f"seed-{s}" for s in (0, 1, 2)]
+    v = mas_lab.paired_runs(at_grpo, dr_mas)
+    assert [(s.a_only, s.b_only) for s in v.seeds] == [(10, 0), (0, 0), (13, 0)]  # the report's table
+    assert v.word == "above"
+    with pytest.raises(ValueError, match="one run of each arm per seed"):
+        mas_lab.paired_runs(at_grpo, dr_mas[:2])
