@@ -184,3 +184,16 @@ def test_a_damaged_store_is_refused_by_load_run_and_named_by_compare_and_load_st
     result = runner.invoke(app, ["compare", str(tmp_path / "study"), "-o", str(tmp_path / "out2")])
     assert result.exit_code == 0, result.output
     assert "Not compared (damaged): `study/bad/seed-0`" in (tmp_path / "out2" / "compare.md").read_text()
+
+
+def test_compares_band_treats_runs_not_episodes_as_the_unit():
+    """Three runs at 0.688, 0.703 and 0.156 were drawn with a pooled Wilson band of +-0.07: the
+    band across seeds is a t-interval over the runs, wide where they disagree."""
+    from mas_lab.compare import _band_by_step, gather
+
+    runs = gather(
+        [ROOT / "sample_runs" / n for n in ("plan_path_learns_smollm2", "plan_path_constant_answer_smollm2")],
+        group_by="task",
+    )
+    ((step, low, high),) = [b for b in _band_by_step(runs) if b[0] == 30]
+    assert high - low > 0.5  # 0.688 and 0.156: two runs that disagree make a wide interval
