@@ -157,8 +157,34 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
             sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []
         )
         raise ExportError(f"{checkpoint}: no checkpoint of policy '{policy}' (policies here: {found})")
-    task = TaskConfig.model_validate(json.loads(state_file.read_text())["task"])
+    from pydantic import ValidationError
+
+    from mas_lab import checkpoint as checkpoints
+
+    if (checkpoint / "manifest.json").is_file():  # every file against its recorded size and SHA-256
+        try:
+            checkpoints.verify(checkpoint)
+        except checkpoints.CheckpointError as exc:
+            raise ExportError(str(exc)) from None
+    try:
+        state = json.loads(state_file.read_text())
+        task = TaskConfig.model_validate(state["task"])
+    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, ValidationError):  # e.g. a plugin's environment that is not installed here
+            why = "; ".join(
+                (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+                for e in exc.errors()[:3]
+            )
+            raise ExportError(f"{state_file}: its task does not load here ({why})") from None
+        raise ExportError(f"{state_file}: damaged ({type(exc).__name__}: {exc})") from None
+    if policy not in task.policies:
+        raise ExportError(f"{checkpoint}: no policy '{policy}' in its task (policies: {sorted(task.policies)})")
     spec = task.policies[policy]
+    out = output.resolve()
+    if out == checkpoint.resolve() or checkpoint.resolve() in out.parents:
+        raise ExportError(f"{output}: inside the checkpoint it exports; give a folder outside it")
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ExportError(f"{output}: exists and is not an empty folder; give a new folder")
     base = Path(resolve(spec.model))
     output.mkdir(parents=True, exist_ok=True)
     if spec.lora is None:

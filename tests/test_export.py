@@ -1,6 +1,7 @@
 """Export: records that datasets-style readers load, and policies that from_pretrained loads."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,44 @@ def test_export_reads_the_format_from_the_suffix_and_refuses_what_it_cannot_do(r
     assert invoke("-o", tmp_path / "e.jsonl", "--kind", "eval").exit_code == 0
     evals = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert evals and all(r["advantage"] is None and r["logprobs"] is None and r["group_kept"] is None for r in evals)
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        ("truncate", "truncated checkpoint (policies/shared/model.safetensors"),
+        ("garbage state", "truncated checkpoint (state.json has 8 bytes"),
+        ("plugin task", "its task does not load here (env.name"),
+        ("own folder", "inside the checkpoint it exports"),
+        ("existing file", "exists and is not an empty folder"),
+    ],
+)
+def test_export_policy_refuses_a_damaged_checkpoint_or_a_bad_output_in_one_line(runs, tmp_path, damage, said):
+    """A truncated model.safetensors once exported with exit 0; a garbage state.json, an uninstalled
+    plugin's task, its own folder or an existing file as output gave tracebacks."""
+    import shutil
+
+    from mas_lab.export import ExportError, export_policy
+
+    _, found = runs
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(sorted((found["toy.yaml"] / "checkpoints").glob("step-*"))[-1], checkpoint)
+    output = tmp_path / "out"
+    if damage == "truncate":
+        weights = checkpoint / "policies" / "shared" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "garbage state":
+        (checkpoint / "state.json").write_text("{garbage")
+    elif damage == "plugin task":
+        (checkpoint / "manifest.json").unlink()  # a folder of saved policies: no manifest to check
+        state = json.loads((checkpoint / "state.json").read_text())
+        state["task"]["env"]["name"] = "a_plugin_not_installed"
+        (checkpoint / "state.json").write_text(json.dumps(state))
+    elif damage == "own folder":
+        output = checkpoint / "policies" / "shared"
+    elif damage == "existing file":
+        output.write_text("keep me")
+    with pytest.raises(ExportError, match=re.escape(said)):
+        export_policy(checkpoint, "shared", output)
+    if damage == "existing file":
+        assert output.read_text() == "keep me"
