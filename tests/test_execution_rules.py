@@ -137,3 +137,52 @@ def test_a_kept_run_replays_to_its_stored_rewards():
                 ).fetchone()[0],
             )
     assert checked > 150
+
+
+PAPER = {"execution": "move_by_move", "reward": "paper"}
+
+
+def test_the_paper_reward_pays_progress_the_goal_and_a_shortest_plan():
+    problem = _grid((0, 0), (2, 2))
+    total, result = _reward(PlanPathEnv(problem, PAPER), "Moves: R R D D")
+    c = result.components
+    assert (c["shaping"], c["goal"], c["optimal"]) == (1.0, 1.0, 1.0)
+    assert result.local == pytest.approx(1.0 + 1.0 + 0.5)
+    _, half = _reward(PlanPathEnv(problem, PAPER), "Moves: R R")
+    assert half.components["shaping"] == pytest.approx(0.5) and half.components["goal"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "padded", ["Moves: R R D D U U D D", "Moves: R L R R D D", "Moves: U R R D D", "Moves: R R D D D"]
+)
+def test_under_the_paper_reward_padding_repeating_or_bumping_earns_strictly_less(padded):
+    """The optimality bonus and the penalty make every detour, repeat and bump cost something."""
+    problem = _grid((0, 0), (2, 2))
+    plain, _ = _reward(PlanPathEnv(problem, PAPER), "Moves: R R D D")
+    other, _ = _reward(PlanPathEnv(problem, PAPER), padded)
+    assert other < plain
+
+
+def test_the_optimality_bonus_counts_the_moves_of_every_turn():
+    """Two turns of a shortest plan split in halves keep the bonus; a detour in the first loses it."""
+    problem = _grid((0, 0), (2, 2))
+    env = PlanPathEnv(problem, PAPER)
+    env.step("planner", 0, "Moves: R R")
+    assert env.step("planner", 1, "Moves: D D").components["optimal"] == 1.0
+    env = PlanPathEnv(problem, PAPER)
+    env.step("planner", 0, "Moves: R L R R")
+    assert env.step("planner", 1, "Moves: D D").components["optimal"] == 0.0
+
+
+def test_the_paper_reward_needs_move_by_move_execution():
+    with pytest.raises(ValueError, match="needs execution: move_by_move"):
+        PlanPathEnv(_grid((0, 0), (2, 2)), {"reward": "paper"})
+
+
+def test_sokoban_paper_reward_shapes_the_box_distance():
+    grid = ["######", "#....#", "#....#", "#....#", "#....#", "######"]
+    problem = Problem({"grid": grid, "player": [2, 1], "boxes": [[2, 2]], "targets": [[2, 4]], "optimal": 2})
+    _, result = _reward(SokobanEnv(problem, PAPER), "Moves: R R")
+    assert (result.components["shaping"], result.components["goal"], result.components["optimal"]) == (1.0, 1.0, 1.0)
+    _, over = _reward(SokobanEnv(problem, PAPER), "Moves: R R R")  # pushed into the wall: skipped, stays solved
+    assert over.components["illegal_moves"] == 1.0 and over.local < result.local

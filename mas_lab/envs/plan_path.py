@@ -224,6 +224,16 @@ class MovesGame(ToolPlannerEnv):
 
     # the longest reply walked move by move, in moves per cell (as all-or-nothing's walk limit)
     MOVES_PER_CELL = 4
+    moves_taken = 0  # moves applied in the episode so far (the paper's optimality bonus compares them)
+
+    def potential(self) -> float:
+        """The paper reward's potential of the current state: minus the distance to the goal in
+        units of the start's (0 at the goal, -1 at the start)."""
+        raise NotImplementedError
+
+    def optimal_moves(self) -> int:
+        """The length of a shortest plan from the problem's start."""
+        raise NotImplementedError
 
     def apply_each(self, moves: list[str]) -> int:
         """Move-by-move execution (`execution: move_by_move`, the paper's environment): each move
@@ -248,17 +258,22 @@ class MovesGame(ToolPlannerEnv):
         if self.params.execution == "all_or_nothing" or (spec is not None and spec.kind == "program"):
             return super().act(role, turn, action)
         answer = self.parse_answer(action)
+        before = self.potential()
         skipped = self.apply_each(answer) if answer is not None else 0
+        self.moves_taken += len(answer or []) - skipped
         value = self.value()
         self.replies[role] = (action, "")
         components = {"format": float(answer is not None), "value": value, "illegal_moves": float(skipped)}
-        weights = (spec or DEFAULT_WORKFLOW[1]).local_weights
-        return ActionResult(
-            team=value,
-            local=sum(weights[k] * components[k] for k in weights) - self.params.illegal_penalty * skipped,
-            components=components,
-            info=f"answer={answer!r} skipped={skipped}",
-        )
+        penalty = self.params.illegal_penalty * skipped
+        if self.params.reward == "paper":  # the paper's environment: shaping, goal and optimality bonuses
+            components["shaping"] = self.potential() - before  # telescoped over the applied moves
+            components["goal"] = float(self.success)
+            components["optimal"] = float(self.success and self.moves_taken == self.optimal_moves())
+            local = components["shaping"] + components["goal"] + 0.5 * components["optimal"] - penalty
+        else:
+            weights = (spec or DEFAULT_WORKFLOW[1]).local_weights
+            local = sum(weights[k] * components[k] for k in weights) - penalty
+        return ActionResult(team=value, local=local, components=components, info=f"answer={answer!r} skipped={skipped}")
 
     def format_demo(self, role: str, rng: random.Random) -> str:
         """One to three random moves in the role's format: a program printing them, or the
@@ -298,6 +313,21 @@ class MovesParams(GameParams):
         description="move_by_move: subtracted from the answering role's local reward for each skipped "
         "(illegal) move (the paper's -0.1)",
     )
+    reward: Literal["shaped", "paper"] = Field(
+        "shaped",
+        description="the answering role's local reward: shaped (0.2 format + 0.8 value, every run before this "
+        "option) or paper (needs execution: move_by_move; the paper's environment: per-move potential "
+        "shaping, the change in the normalised distance to the goal summed over the applied moves, +1 on "
+        "reaching the goal, +0.5 more when the episode's moves so far are a shortest plan, minus the "
+        "illegal-move penalty)",
+    )
+
+    @model_validator(mode="after")
+    def _paper_reward_walks_move_by_move(self) -> "MovesParams":
+        if self.reward == "paper" and self.execution != "move_by_move":
+            raise ValueError("reward: paper shapes each applied move: it needs execution: move_by_move")
+        return self
+
     tool_helper: ToolHelper = Field("none", description=TOOL_HELPER_DESCRIPTION)
     tool_demo: Literal["random", "observed"] = Field(
         "random",
@@ -387,6 +417,13 @@ class PlanPathEnv(MovesGame):
 
     def value(self) -> float:
         return self.value_at(self.pos)
+
+    def potential(self) -> float:
+        d = self._dist[self.pos[0]][self.pos[1]]
+        return -d / self.problem.data["shortest"] if d >= 0 else -1.0
+
+    def optimal_moves(self) -> int:
+        return int(self.problem.data["shortest"])
 
     def follow(self, pos: tuple[int, int], moves: list[str]) -> tuple[tuple[int, int], bool]:
         """Apply moves from pos until one is illegal; (end, all legal). The whole plan is walked:

@@ -193,6 +193,17 @@ class SokobanEnv(MovesGame):
         on = len(self.boxes & self.targets)
         return 1.0 if on == len(self.targets) else 0.5 * on / len(self.targets)
 
+    def _box_distance(self, boxes) -> int:
+        """Each box's Manhattan distance to its nearest target, summed."""
+        return sum(min(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t in self.targets) for b in boxes)
+
+    def potential(self) -> float:
+        start = self._box_distance(tuple(b) for b in self.problem.data["boxes"]) or 1
+        return -self._box_distance(self.boxes) / start
+
+    def optimal_moves(self) -> int:
+        return int(self.problem.data["optimal"])
+
     def apply(self, moves: list[str]) -> bool:
         """All or nothing, walked to the end (see the module docstring)."""
         if len(moves) > 8 * len(self.problem.data["grid"]) ** 2:
