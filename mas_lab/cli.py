@@ -160,6 +160,20 @@ def _train_with_progress(opened: runs.Run, use_ray: bool, stopped_by: list[int] 
         except EnvError as exc:  # a plugin's reward or observation the trainer cannot use: one line
             bar.stop()
             _fail(f"the run stopped: {exc}; nothing of this step was trained on or stored", code=1)
+        except (MemoryError, RuntimeError) as exc:  # an address-space or RAM limit: one line, not 300
+            if (
+                not isinstance(exc, MemoryError)
+                and "allocate memory" not in str(exc)
+                and "out of memory" not in str(exc)
+            ):
+                raise
+            bar.stop()
+            _fail(
+                f"the run ran out of memory ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                f"its store and MLflow run are marked failed; with more memory (or a smaller micro_batch), "
+                f"continue with: mas-lab run --resume {opened.run_dir}",
+                code=1,
+            )
         except (OSError, sqlite3.Error) as exc:  # a full disk, a lost mount: one line, not a traceback
             bar.stop()
             _fail(

@@ -197,3 +197,17 @@ def test_compares_band_treats_runs_not_episodes_as_the_unit():
     )
     ((step, low, high),) = [b for b in _band_by_step(runs) if b[0] == 30]
     assert high - low > 0.5  # 0.688 and 0.156: two runs that disagree make a wide interval
+
+
+def test_running_out_of_memory_is_one_line_with_the_resume_command(tmp_path, monkeypatch):
+    """Under `prlimit --as` a training ended in a 149-368-line traceback."""
+    from mas_lab import runs
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runs, "train", out_of_memory)
+    result = runner.invoke(app, ["run", str(ROOT / "tasks" / "toy.yaml"), "--no-ray"])
+    assert result.exit_code == 1 and "ran out of memory" in result.output and "--resume" in result.output
+    assert "Traceback" not in result.output
