@@ -226,7 +226,7 @@ def paired_table(runs: list[Compared]) -> list[str]:
     """Every pair of labels, paired on the same held-out problems seed by seed (the run of each label
     with that `train.seed`; mas_lab/paired.py): discordant counts per seed, the exact p-value, the
     difference with its interval and the verdict in the paired test's words. Empty for one label."""
-    from mas_lab.paired import compare_paired
+    from mas_lab.paired import compare_paired, on_common_problems
 
     by_label: dict[str, dict[int, dict[str, bool]]] = {}
     for r in runs:
@@ -241,17 +241,16 @@ def paired_table(runs: list[Compared]) -> list[str]:
         for b in labels[i + 1 :]:
             pairs, seeds = [], []
             for seed in sorted(by_label[a].keys() & by_label[b].keys()):
-                x, y = by_label[a][seed], by_label[b][seed]
-                common = [pid for pid in x if pid in y]
-                if common:
-                    pairs.append(([x[pid] for pid in common], [y[pid] for pid in common]))
+                x, y = on_common_problems(by_label[a][seed], by_label[b][seed])
+                if x:
+                    pairs.append((x, y))
                     seeds.append(seed)
             if not pairs:
                 lines.append(f"| {a} | {b} | - | no seed evaluated on the same problems | | | not paired |")
                 continue
             v = compare_paired(pairs)
             low, high = v.diff_ci
-            word = {"above": f"{a} above {b}", "below": f"{b} above {a}"}.get(v.word, "not distinguishable")
+            word = v.ordering(a, b)
             lines.append(
                 f"| {a} | {b} | {', '.join(map(str, seeds))} | {', '.join(f'{s.a_only}/{s.b_only}' for s in v.seeds)} "
                 f"| {v.p_value:.3g} | {v.diff:+.3f} [{low:+.2f}, {high:+.2f}] | {word} |"

@@ -225,15 +225,14 @@ def load_study(path: str | Path) -> StudyData:
 
 
 def final_outcomes(run: RunData) -> dict[str, bool]:
-    """Success per held-out problem at the run's last evaluation (the first sample of each problem)."""
-    episodes = run.episodes.query("kind == 'eval'")
-    if not len(episodes):
-        return {}
-    last = episodes[episodes["step"] == episodes["step"].max()].sort_values("episode")
-    out: dict[str, bool] = {}
-    for problem, success in zip(last["problem_id"], last["success"]):
-        out.setdefault(str(problem), bool(success))
-    return out
+    """Success per held-out problem at the run's last evaluation (RunStore.eval_outcomes: the first
+    sample of each problem)."""
+    store = run._store()
+    try:
+        steps = store.episode_steps("eval")
+        return store.eval_outcomes(steps[-1]) if steps else {}
+    finally:
+        store.close()
 
 
 def paired_runs(runs_a, runs_b):
@@ -241,7 +240,7 @@ def paired_runs(runs_a, runs_b):
     (mas_lab/paired.py): `runs_a` and `runs_b` are run folders or RunData, or lists of them in
     the same seed order. Returns a `Verdict` (its `word`, `evidence()`, `as_dict()`); the final
     evaluations are paired on the problems both evaluated."""
-    from mas_lab.paired import compare_paired
+    from mas_lab.paired import compare_paired, on_common_problems
 
     def listed(runs) -> list[RunData]:
         items = runs if isinstance(runs, (list, tuple)) else [runs]
@@ -252,9 +251,8 @@ def paired_runs(runs_a, runs_b):
         raise ValueError(f"paired_runs needs one run of each arm per seed: {len(a_runs)} against {len(b_runs)}")
     pairs = []
     for a, b in zip(a_runs, b_runs):
-        x, y = final_outcomes(a), final_outcomes(b)
-        common = [pid for pid in x if pid in y]
-        if not common:
+        x, y = on_common_problems(final_outcomes(a), final_outcomes(b))
+        if not x:
             raise ValueError(f"{a.path} and {b.path}: no held-out problem in common (different seeds or tasks?)")
-        pairs.append(([x[pid] for pid in common], [y[pid] for pid in common]))
+        pairs.append((x, y))
     return compare_paired(pairs)

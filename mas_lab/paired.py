@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 ALPHA = 0.05
 
@@ -56,6 +56,13 @@ def paired(a: Sequence[bool], b: Sequence[bool]) -> Paired:
     a_only = sum(1 for x, y in zip(a, b) if x and not y)
     b_only = sum(1 for x, y in zip(a, b) if y and not x)
     return Paired(len(a), sum(map(bool, a)), sum(map(bool, b)), a_only, b_only, _mcnemar_exact(a_only, b_only))
+
+
+def on_common_problems(a: Mapping[str, bool], b: Mapping[str, bool]) -> tuple[list[bool], list[bool]]:
+    """Two runs' outcomes by problem id, aligned on the problems both evaluated (in `a`'s order):
+    the pairs `paired` takes."""
+    common = [pid for pid in a if pid in b]
+    return [a[pid] for pid in common], [b[pid] for pid in common]
 
 
 def diff_interval(n: int, a_only: int, b_only: int, z: float = 1.96) -> tuple[float, float]:
@@ -121,6 +128,12 @@ class Verdict:
         return (
             f"n={self.n}, discordant {self.a_only}/{self.b_only}{per_seed}, {test} p={self.p_value:.3g}, "
             f"difference {self.diff:+.3f} [{low:+.2f}, {high:+.2f}]{against}"
+        )
+
+    def ordering(self, a_label: str, b_label: str) -> str:
+        """The verdict of A against B as an ordering: "A above B", "B above A" or "not distinguishable"."""
+        return {"above": f"{a_label} above {b_label}", "below": f"{b_label} above {a_label}"}.get(
+            self.word, "not distinguishable"
         )
 
     def text(self, b_label: str) -> str:

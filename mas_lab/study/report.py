@@ -259,14 +259,13 @@ def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) 
 def paired_rows(found: dict[str, dict[int, dict]], a: str, b: str):
     """Row `a` against row `b` on the problems both have, seed by seed (mas_lab/paired.py); None
     where they share no seed."""
-    from mas_lab.paired import compare_paired
+    from mas_lab.paired import compare_paired, on_common_problems
 
     pairs = []
     for seed in sorted(found.get(a, {}).keys() & found.get(b, {}).keys()):
-        x, y = found[a][seed], found[b][seed]
-        common = [pid for pid in x if pid in y]
-        if common:
-            pairs.append(([x[pid] for pid in common], [y[pid] for pid in common]))
+        x, y = on_common_problems(found[a][seed], found[b][seed])
+        if x:
+            pairs.append((x, y))
     return compare_paired(pairs) if pairs else None
 
 
@@ -305,7 +304,7 @@ def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list
                 continue
             low, high = v.diff_ci
             per_seed = ", ".join(f"{s.a_only}/{s.b_only}" for s in v.seeds)
-            word = {"above": f"{a} above {b}", "below": f"{b} above {a}"}.get(v.word, "not distinguishable")
+            word = v.ordering(a, b)
             lines.append(
                 f"| {a} | {b} | {per_seed} | {v.p_value:.3g} | {v.diff:+.3f} [{low:+.2f}, {high:+.2f}] | {word} |"
             )
