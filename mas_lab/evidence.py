@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from mas_lab.baselines import baseline_outcomes, rule_results, task_pool
+from mas_lab.baselines import RuleResults, baseline_outcomes, rule_results, task_pool
 from mas_lab.envs import ENVS
 from mas_lab.paired import Verdict, compare_paired
 
@@ -33,13 +33,18 @@ class HeldOut:
     @classmethod
     def of(cls, task: TaskConfig) -> HeldOut:
         pool = task_pool(task)
-        main = tuple(pool.eval_set)
-        if pool.hard_set:
-            return cls(main, tuple(pool.hard_set))
-        env_cls = ENVS[task.env.name]
-        rules = rule_results(env_cls, pool.params, main, task.env.max_turns)
-        hard = rules.hard if rules and rules.hard_rule else [False] * len(main)
-        return cls(main, tuple(p for p, h in zip(main, hard) if h))
+        rules = (
+            None if pool.hard_set else rule_results(ENVS[task.env.name], pool.params, pool.eval_set, task.env.max_turns)
+        )
+        return cls.from_pool(pool.eval_set, pool.hard_set, rules)
+
+    @classmethod
+    def from_pool(cls, main: Sequence[Problem], hard_set: Sequence[Problem], rules: RuleResults | None) -> HeldOut:
+        """The extra hard problems when there are any, else the members of `main` the rules'
+        hard rule fails on (`rules`: RuleResults whose first len(main) outcomes are `main`'s)."""
+        if hard_set or rules is None:
+            return cls(tuple(main), tuple(hard_set))
+        return cls(tuple(main), tuple(p for p, h in zip(main, rules.hard) if h))
 
 
 def outcomes_of(store: RunStore, step: int, problems: Sequence[Problem]) -> list[bool] | None:

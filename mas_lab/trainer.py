@@ -376,10 +376,7 @@ class Trainer:
     @functools.cached_property
     def held_out(self) -> HeldOut:
         """The held-out problems of the paired comparisons: the evaluation set and the hard split."""
-        main = tuple(self.pool.eval_set)
-        if self.pool.hard_set or self.rules is None:
-            return HeldOut(main, tuple(self.pool.hard_set))
-        return HeldOut(main, tuple(p for p, h in zip(main, self.rules.hard) if h))
+        return HeldOut.from_pool(self.pool.eval_set, self.pool.hard_set, self.rules)
 
     @functools.cached_property
     def rules(self) -> RuleResults | None:
