@@ -52,7 +52,9 @@ PANELS = {
         ["groups_all_fail/", "groups_all_success/"],
     ),
     "curriculum": ("curriculum stage (the task's own problems: the last)", ["curriculum/stage"]),
-    "time": ("step time split (s)", list(TIME_KEYS)),
+    # each part as its share of the step, the step in seconds on an axis of its own: in seconds one
+    # 248-s learner step flattened every other step's split to the floor (see _time_split)
+    "time": ("step time split: each part's share of the step, and the step (s)", list(TIME_KEYS)),
 }
 # a panel drawn only for runs that record its own metric (older stores have grad_norm but no clip share)
 REQUIRES = {"update": "grad_clip_frac/"}
@@ -84,7 +86,22 @@ def panel_series(store: RunStore) -> dict[str, tuple[str, dict[str, list[tuple[i
         chosen = [k for k in keys if any(_matches(k, p) for p in patterns)]
         needed = REQUIRES.get(panel)
         if chosen and (needed is None or any(_matches(k, needed) for k in chosen)):
-            out[panel] = (title, {key: store.series(key) for key in chosen})
+            series = {key: store.series(key) for key in chosen}
+            out[panel] = (title, _time_split(series, store.series("time/step")) if panel == "time" else series)
+    return out
+
+
+def _time_split(parts: dict[str, list[tuple[int, float]]], step: list[tuple[int, float]]) -> dict:
+    """The step time split as shares (time/rollout -> share/rollout = rollout seconds / step
+    seconds, 0-1 whatever the step took) beside the step's seconds (seconds/step), two quantities
+    that axis_groups puts on axes of their own."""
+    total = {s: v for s, v in step if v > 0}
+    out = {
+        f"share/{key.split('/', 1)[1]}": [(s, v / total[s]) for s, v in points if s in total]
+        for key, points in parts.items()
+    }
+    if step:
+        out["seconds/step"] = step
     return out
 
 

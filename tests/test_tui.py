@@ -146,11 +146,12 @@ def test_live_screen_of_a_finished_run_shows_charts_and_events(finished):
                 "sampling-entropy",
                 "sampling-response_len",
                 "drift-kl_initial",
-                "time",
+                "time-share",
+                "time-seconds",
             } <= set(charts)
             # an axis per quantity: no chart holds two quantities of different scales
             for name, chart in charts.items():
-                if name not in ("success", "hard", "team", "time", "groups") and not name.startswith("reward"):
+                if name not in ("success", "hard", "team", "groups") and not name.startswith("reward"):
                     assert len({key.split("/", 1)[0] for key in chart.keys}) == 1, (name, chart.keys)
             keys = {key for chart in charts.values() for key in chart.keys}
             assert {
@@ -161,7 +162,8 @@ def test_live_screen_of_a_finished_run_shows_charts_and_events(finished):
                 "zero_std_frac",
                 "kl_initial/shared",
                 "groups_all_fail/first/t0",
-                "time/rollout",
+                "share/rollout",
+                "seconds/step",
             } <= keys
             success = charts["success"].series["eval/success_rate"]
             assert [step for step, _ in success] == [0, 2, 3]  # eval points at their own steps (every 2, and the last)
