@@ -160,27 +160,36 @@ def _train_with_progress(opened: runs.Run, use_ray: bool, stopped_by: list[int] 
         except EnvError as exc:  # a plugin's reward or observation the trainer cannot use: one line
             bar.stop()
             _fail(f"the run stopped: {exc}; nothing of this step was trained on or stored", code=1)
-        except (MemoryError, RuntimeError) as exc:  # an address-space or RAM limit: one line, not 300
-            if (
-                not isinstance(exc, MemoryError)
-                and "allocate memory" not in str(exc)
-                and "out of memory" not in str(exc)
-            ):
+        except (MemoryError, RuntimeError, ImportError) as exc:  # an address-space or RAM limit: one line, not 300
+            # a thread's stack and a shared library's pages are address space too: under `prlimit
+            # --as` a new thread is refused and torch fails to load
+            said = ("allocate memory", "out of memory", "can't start new thread", "failed to map segment")
+            if not isinstance(exc, MemoryError) and not any(words in str(exc) for words in said):
                 raise
             bar.stop()
             _fail(
                 f"the run ran out of memory ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
                 f"its store and MLflow run are marked failed; with more memory (or a smaller micro_batch), "
-                f"continue with: mas-lab run --resume {opened.run_dir}",
+                f"{_again(opened)}",
                 code=1,
             )
         except (OSError, sqlite3.Error) as exc:  # a full disk, a lost mount: one line, not a traceback
             bar.stop()
             _fail(
                 f"the run failed: {type(exc).__name__}: {exc} (is the disk full?); its store and MLflow run are "
-                f"marked failed; once fixed, continue with: mas-lab run --resume {opened.run_dir}",
+                f"marked failed; once fixed, {_again(opened)}",
                 code=1,
             )
+
+
+def _again(opened: runs.Run) -> str:
+    """How to go on after a failure: resume from the last checkpoint, or start again where none
+    was written (a resume would refuse: no complete checkpoint)."""
+    from mas_lab import checkpoint
+
+    if checkpoint.complete(opened.run_dir):
+        return f"continue with: mas-lab run --resume {opened.run_dir}"
+    return "start it again (no checkpoint was written)"
 
 
 def _print_summary(opened: runs.Run, summary: dict) -> None:

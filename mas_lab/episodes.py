@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from mas_lab import models
 from mas_lab.algo.credit import OUTCOME
 from mas_lab.algo.groups import Candidate
 from mas_lab.config import Sampling, TaskConfig
-from mas_lab.envs.base import Env, Problem
+from mas_lab.envs.base import Env, EnvError, Problem
 from mas_lab.rollout.engine import Generation
 
 
@@ -164,6 +165,21 @@ def counterfactual_outcomes(task, branches, problems, turn, agent_index, generat
     return [float(e.env.team_value()) for e in episodes]
 
 
+def _check_context(task, env: Env, role: str, turn: int, generations, max_new_tokens: int) -> None:
+    """A prompt and its reply must fit the model's context: past it a model with rotary
+    positions still samples, and the run trained on text the model cannot read, without a word.
+    Checked on the prompt ids the engine used, before anything is scored, stored or trained."""
+    model = task.policies[task.role(role).policy].model
+    context = models.context_length(model)
+    longest = max((len(g.prompt_ids) for row in generations for g in row), default=0)
+    if context is not None and longest + max_new_tokens > context:
+        raise EnvError(
+            f"env '{type(env).__name__}', role '{role}', turn {turn}: a prompt of {longest} tokens plus "
+            f"max_new_tokens {max_new_tokens} is more than the model's context of {context} tokens ({model}); "
+            f"shorten the observation or the history, or lower roles.sampling.max_new_tokens"
+        )
+
+
 def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy, timing):
     """One (turn, agent): K candidates per live env in one batched call, each scored on its own
     clone of the state (a role's own K, roles[].k, when the tree samples more than one).
@@ -176,6 +192,7 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
     started = time.perf_counter()
     generations = generate(spec.policy, prompts, k, sampling, call_seed(seed, turn, agent_index))
     timing.generate_s += time.perf_counter() - started
+    _check_context(task, live[0].env, role, turn, generations, sampling.max_new_tokens)
     timing.generated_tokens += sum(len(g.response_ids) for row in generations for g in row)
 
     started = time.perf_counter()

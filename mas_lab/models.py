@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -62,6 +63,18 @@ def resolve(name: str) -> str:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+def context_length(name: str) -> int | None:
+    """The model's context in tokens (its config.json's max_position_embeddings), or None where
+    the model is not on this machine yet (a named model is never built here for the question: a
+    controller on another node than the rollout worker would convert it for nothing)."""
+    folder = cache_dir() / "models" / f"{name}-{_BUILD_VERSION[name]}" if name in NAMED else Path(name)
+    try:
+        value = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _smollm2_gguf() -> Path | None:

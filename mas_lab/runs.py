@@ -287,9 +287,7 @@ def train(
     """Start the actors, restore the checkpoint of a resume, train, and record how the run ended
     (store status and MLflow status) whatever happens. SIGINT / SIGTERM stop at the next step
     boundary with a checkpoint (`on_signal` is told); a second one aborts at once."""
-    from mas_lab.backend import Backend
     from mas_lab.control import RunControl
-    from mas_lab.trainer import Trainer
 
     control = RunControl(run.store)
 
@@ -304,6 +302,11 @@ def train(
         while True:
             try:
                 tell(ProgressEvent("starting actors and loading models", 0))
+                # imported here, inside the run's record: torch failing to load (under an
+                # address-space limit) marks the run failed with its reason, not "crashed"
+                from mas_lab.backend import Backend
+                from mas_lab.trainer import Trainer
+
                 backend = None
                 backend = Backend(run.task, use_ray=use_ray)
                 trainer = Trainer(run.task, backend, run.store, run.tracker, run.run_dir)

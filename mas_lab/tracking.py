@@ -49,6 +49,33 @@ def _setup_lock(uri: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+class TrackingError(OSError):
+    """The MLflow store could not be written (a full disk, a lost mount, a locked or damaged
+    file). An OSError, so every caller that reports a full disk in one line reports this too;
+    MLflow's own exception came after a 55-line SQLAlchemy traceback it logs itself."""
+
+
+def _writes(method):
+    """Turn MLflow's exception for a store that could not be written (its cause an OS or
+    database error) into a TrackingError naming the store; other MLflow errors pass unchanged."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return method(self, *args, **kwargs)
+        except MlflowException as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, OSError) or type(cause).__module__.startswith(("sqlalchemy", "sqlite3"))):
+                raise
+            first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+            raise TrackingError(f"the MLflow store {self.uri} could not be written: {first}") from exc
+
+    return wrapped
+
+
 class Tracker:
     def __init__(
         self,
@@ -68,6 +95,8 @@ class Tracker:
 
         for name in ("alembic", "mlflow"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        # it logs a full traceback before raising the error a TrackingError reports in one line
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
         self.uri = uri
         with _setup_lock(uri):
@@ -84,6 +113,7 @@ class Tracker:
                 self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
 
+    @_writes
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
@@ -91,9 +121,11 @@ class Tracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
+    @_writes
     def log_artifact(self, path: str | Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
 
+    @_writes
     def log_metrics(self, step: int, metrics: dict[str, float], timestamp: float | None = None) -> None:
         from mlflow.entities import Metric
 
@@ -102,9 +134,11 @@ class Tracker:
         for i in range(0, len(items), 500):
             self.client.log_batch(self.run_id, metrics=items[i : i + 500])
 
+    @_writes
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
 
+    @_writes
     def sync_from_store(self, store, through_step: int) -> None:
         """Log the store's metrics of every step up to `through_step` not yet in MLflow.
 
@@ -123,6 +157,7 @@ class Tracker:
         if through_step > done:
             self.set_tag("mas_lab.logged_through_step", str(through_step))
 
+    @_writes
     def log_completions(self, store, steps: list[int], episodes: int = 16, problems: int = 4) -> None:
         """What the team said, as two MLflow tables that grow by rows, one row set per step (the
         UI's artifact view, and `mlflow.load_table("completions/train.json", extra_columns=
@@ -168,6 +203,7 @@ class Tracker:
         kept = [e for e in entries or [] if isinstance(e, dict) and e.get("path") in (EVAL_TABLE, TRAIN_TABLE)]
         self.set_tag(TABLES_TAG, json.dumps(kept))
 
+    @_writes
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
 

@@ -81,3 +81,47 @@ def test_source_with_a_nul_byte_is_an_error_not_ok():
 
     result = run_python("print(1)\0\nraise SystemExit(3)")
     assert result.status == "error" and "NUL byte" in result.stderr and not result.ok
+
+
+def test_a_prompt_longer_than_the_models_context_stops_with_the_env_and_the_role():
+    """A prompt past the context trained without a word (rotary positions still sample). The run
+    stops before anything is scored, stored or trained, naming the env, the role, the turn and the
+    token counts; a prompt that fits runs as before."""
+    from pathlib import Path
+
+    from fakes import FakeEngine
+
+    from mas_lab import models
+    from mas_lab.config import load_task
+    from mas_lab.envs import ProblemPool, ToyEnv
+    from mas_lab.envs.base import EnvError
+    from mas_lab.episodes import Episode, tree_rollout
+    from mas_lab.rollout.engine import Generation
+
+    models.resolve("tiny-test")
+    assert models.context_length("tiny-test") == 2048
+    assert models.context_length("no-such-model-folder") is None
+    task = load_task(Path(__file__).parent.parent / "tasks" / "toy.yaml")
+    pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
+
+    class LongPrompts(FakeEngine):
+        def __init__(self, length):
+            super().__init__()
+            self.length = length
+
+        def __call__(self, policy, prompts, n, sampling, seed):
+            rows = super().__call__(policy, prompts, n, sampling, seed)
+            return [[Generation([0] * self.length, g.response_ids, g.text) for g in row] for row in rows]
+
+    new_tokens = task.roles[0].sampling.max_new_tokens
+    fits = [Episode(0, pool.train(0), pool.make(pool.train(0)))]
+    tree_rollout(task, fits, LongPrompts(2048 - new_tokens), task.algorithm.k, seed=0)
+    assert fits[0].turns
+    episodes = [Episode(0, pool.train(0), pool.make(pool.train(0)))]
+    with pytest.raises(EnvError) as caught:
+        tree_rollout(task, episodes, LongPrompts(2049 - new_tokens), task.algorithm.k, seed=0)
+    said = str(caught.value)
+    assert f"env 'ToyEnv', role '{task.roles[0].name}', turn 0" in said
+    assert f"a prompt of {2049 - new_tokens} tokens plus max_new_tokens {new_tokens}" in said
+    assert "context of 2048 tokens (tiny-test)" in said
+    assert not episodes[0].turns  # nothing of the turn was recorded

@@ -199,15 +199,54 @@ def test_compares_band_treats_runs_not_episodes_as_the_unit():
     assert high - low > 0.5  # 0.688 and 0.156: two runs that disagree make a wide interval
 
 
-def test_running_out_of_memory_is_one_line_with_the_resume_command(tmp_path, monkeypatch):
-    """Under `prlimit --as` a training ended in a 149-368-line traceback."""
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+        RuntimeError("can't start new thread"),
+        ImportError("libtorch_cpu.so: failed to map segment from shared object"),
+        MemoryError(),
+    ],
+    ids=["allocator", "thread", "shared library", "MemoryError"],
+)
+def test_running_out_of_memory_is_one_line_with_what_to_do(tmp_path, monkeypatch, error):
+    """Under `prlimit --as` a training ended in a 149-368-line traceback: the allocator, a thread's
+    stack and torch's own library each fail differently under an address-space limit. With no
+    checkpoint written it says to start again (a resume would refuse)."""
     from mas_lab import runs
 
     def out_of_memory(*args, **kwargs):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+        raise error
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runs, "train", out_of_memory)
     result = runner.invoke(app, ["run", str(ROOT / "tasks" / "toy.yaml"), "--no-ray"])
-    assert result.exit_code == 1 and "ran out of memory" in result.output and "--resume" in result.output
+    assert result.exit_code == 1 and "ran out of memory" in result.output, result.output
+    assert "start it again (no checkpoint was written)" in result.output and "--resume" not in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.integration
+def test_an_address_space_limit_too_small_for_torch_fails_the_run_in_one_line(tmp_path):
+    """`prlimit --as` below what torch's library needs: the import failed outside the run's record
+    (status "crashed", a 72-line traceback); it is the run's failure now, with its reason."""
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    mas_lab = str(Path(sys.executable).parent / "mas-lab")
+    proc = subprocess.run(
+        [mas_lab, "run", str(ROOT / "tasks" / "toy.yaml"), "--no-ray", "--run-dir", "runs/r"]
+        + ["--set", f"tracking.mlflow_uri=sqlite:///{tmp_path / 'ml.db'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (700_000_000, 700_000_000)),
+    )
+    assert proc.returncode == 1 and "ran out of memory" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    state = json.loads(
+        subprocess.run([mas_lab, "status", "runs/r"], cwd=tmp_path, capture_output=True, text=True).stdout
+    )
+    assert state["status"] == "failed" and state["error"], state
