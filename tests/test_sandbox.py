@@ -30,6 +30,50 @@ def test_ok_and_error():
     assert error.status == "error" and "ValueError" in error.stderr
 
 
+def test_a_program_that_raises_its_own_recursion_limit_fails_at_once():
+    """sys.setrecursionlimit(10**8) grew frames on the heap for 4.6 of the 5 s wall limit, up to the
+    memory cap, and ended in a SystemError. The limit a program may set is capped (Limits.recursion):
+    the same program ends in a RecursionError, and a limit under the cap is set as asked."""
+    deep = "import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)\n"
+    result = run_python(deep, Limits(wall_s=30, cpu_s=30))
+    assert result.status == "error" and result.stderr.rstrip().endswith(
+        "RecursionError: maximum recursion depth exceeded"
+    )
+    asked = run_python("import sys\nsys.setrecursionlimit(5000)\nprint(sys.getrecursionlimit())")
+    assert asked.stdout == "5000\n"
+    capped = run_python(
+        "import sys\nsys.setrecursionlimit(10**8)\nprint(sys.getrecursionlimit())", Limits(recursion=20_000)
+    )
+    assert capped.stdout == "20000\n"
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "def g():\n    return 1 / 0\n\ng()\n",
+        "x = (\n",
+        "import sys\nsys.setrecursionlimit('a')\n",
+        "exec('1/0')\n",
+        "import sys\nprint(__name__, __file__ == sys.argv[0])\n",
+    ],
+    ids=["an exception", "a syntax error", "the capped function's own error", "exec", "main"],
+)
+def test_what_a_program_prints_is_what_python_prints_for_it(tmp_path, program):
+    """The recursion cap runs before the program (a prelude): none of its frames may show in what the
+    program prints, since the model reads its tracebacks."""
+    import subprocess
+
+    result = run_python(program)
+    path = tmp_path / "main.py"
+    path.write_text(program)
+    plain = subprocess.run([ISOLATION.interpreter, "-I", "-S", "-B", str(path)], capture_output=True, text=True)
+    where = "/tmp/mas-lab-sandbox-run/main.py" if ISOLATION.kind == "bubblewrap" else None
+    stderr = result.stderr if where is None else result.stderr.replace(where, str(path))
+    if where is None:  # the fallback's own temporary folder
+        stderr = stderr.replace(stderr.split('File "')[1].split('"')[0], str(path)) if 'File "' in stderr else stderr
+    assert (result.returncode, result.stdout, stderr) == (plain.returncode, plain.stdout, plain.stderr)
+
+
 def test_infinite_loop_times_out_and_the_group_dies():
     slow = run_python("while True: pass", Limits(wall_s=0.5, cpu_s=5))
     assert slow.status == "timeout" and slow.duration < 3
@@ -90,6 +134,36 @@ def test_a_tmpfs_full_of_empty_files_is_stopped_as_memory():
     program = "n = 0\nwhile n < 5_000_000:\n    open(f'/tmp/f{n}', 'w').close()\n    n += 1\nprint(n)\n"
     result = run_python(program, Limits(wall_s=120, cpu_s=120, memory_mb=128, tmp_mb=8))
     assert result.status == "memory", (result.status, result.stdout, result.stderr[-300:])
+
+
+@needs_cgroup
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="slots (uids) are used only as root")
+def test_no_process_of_a_slots_uid_runs_when_the_slot_is_given_back(monkeypatch):
+    """After an inode flood killed at its cap, a process of the slot's uid was still running when
+    the slot was released, about 1 time in 3 (tearing down a tmpfs of many inodes takes ~0.5 s).
+    The slot is cleared first: at release nothing of its uid runs (a zombie runs nothing)."""
+    from mas_lab import sandbox
+
+    claimed, running_at_release = [], []
+    claim, release = sandbox._claim_slot, sandbox._release_slot
+
+    def claim_slot(wait_s):
+        slot, fd = claim(wait_s)
+        claimed.append(slot)
+        return slot, fd
+
+    def release_slot(fd):
+        uid = sandbox.SLOT_UID_BASE + claimed[-1]
+        running_at_release.append([pid for pid, state in sandbox._processes_of(uid) if state != "Z"])
+        release(fd)
+
+    monkeypatch.setattr(sandbox, "_claim_slot", claim_slot)
+    monkeypatch.setattr(sandbox, "_release_slot", release_slot)
+    program = "n = 0\nwhile n < 5_000_000:\n    open(f'/tmp/f{n}', 'w').close()\n    n += 1\n"
+    for _ in range(4):
+        assert run_python(program, Limits(wall_s=120, cpu_s=120, memory_mb=128, tmp_mb=8)).status == "memory"
+    assert len(running_at_release) == 4 and not any(running_at_release), running_at_release
 
 
 @needs_cgroup
