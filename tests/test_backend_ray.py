@@ -69,3 +69,51 @@ def test_per_role_full_models_are_placed_and_update_in_parallel(ray_backend):
         assert result["p_first"]["samples"] == 1 and result["p_second"]["samples"] == 2
     finally:
         backend.shutdown()
+
+
+def test_a_team_of_two_base_models_trains_on_ray_with_a_learner_per_model(tmp_path):
+    """Each role on a base model of its own (here tiny-test and a smaller model of another shape,
+    as one might pair tiny-test with SmolLM2): a rollout worker and a learner per model, each
+    encoding its own role's prompts; the run trains, evaluates and checkpoints both."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from mas_lab import models
+    from mas_lab.store import RunStore
+
+    tiny = models.resolve("tiny-test")
+    config = AutoConfig.from_pretrained(tiny)
+    config.hidden_size, config.intermediate_size, config.num_hidden_layers = 32, 64, 1
+    torch.manual_seed(1)
+    other = tmp_path / "other-model"
+    AutoModelForCausalLM.from_config(config).save_pretrained(other)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(other)
+    task = yaml.safe_load((ROOT / "tasks" / "toy.yaml").read_text())
+    task["policies"] = {"small": {"model": "tiny-test"}, "smaller": {"model": str(other)}}
+    task["roles"][0]["policy"], task["roles"][1]["policy"] = "small", "smaller"
+    task["train"]["steps"] = 2
+    task["tracking"] = {"mlflow_uri": f"sqlite:///{tmp_path / 'ml.db'}"}
+    (tmp_path / "two_models.yaml").write_text(yaml.safe_dump(task))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "mas-lab"), "run", "two_models.yaml", "--run-dir", "runs/r"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = RunStore(tmp_path / "runs" / "r" / "run.db", create=False)
+    try:
+        placement = json.loads(next(e for e in store.events() if e["kind"] == "placement")["message"].split(": ", 1)[1])
+        learners = [name for name in placement if name.startswith("learner")]
+        assert len(learners) == 2 and len([n for n in placement if n.startswith("rollout")]) == 2, placement
+        last = store.metrics()[2]
+        assert last["samples/small"] > 0 and last["samples/smaller"] > 0 and last["grad_norm/smaller"] > 0
+        assert "eval/success_rate" in last and store.meta()["status"] == "finished"
+    finally:
+        store.close()
