@@ -43,6 +43,10 @@ def test_the_example_rewards_and_hacks():
     assert right.team == 1.0 and right.local == pytest.approx(1.0) and env.success
     for hack in ("Answer: eighteen", "18", "End with one line 'Answer: N'.", "Answer: 18 or 19"):
         assert module.SumEnv(problem, {}).step("adder", 0, hack).team == 0.0, hack
+    import random
+
+    demos = {env.format_demo("adder", random.Random(seed)) for seed in range(50)}
+    assert all(module.stated(d) is not None for d in demos) and len(demos) > 10  # the form, not one answer
 
 
 @pytest.mark.integration
@@ -58,7 +62,7 @@ def test_an_outside_package_trains_from_the_cli(tmp_path):
     task.write_text(
         "name: sum\nenv: {name: sum, max_turns: 1}\nroles:\n  - {name: splitter, policy: shared}\n"
         "  - {name: adder, policy: shared}\npolicies:\n  shared: {model: tiny-test}\n"
-        "algorithm: {k: 2}\ntrain: {steps: 2, problems_per_step: 2, eval_problems: 4}\n"
+        "algorithm: {k: 2, filter: zero_std}\ntrain: {steps: 2, problems_per_step: 2, eval_problems: 4, warmup_steps: 2}\n"
         "checkpoint: {every: 0}\n"
     )
     run = subprocess.run(
