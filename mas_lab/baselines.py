@@ -69,7 +69,7 @@ def best_constant(
 def task_baseline(task: "TaskConfig", problems: Sequence[Problem]) -> ConstantBaseline | None:
     """`best_constant` with a task's environment, parameters and number of turns."""
     env_cls = ENVS[task.env.name]
-    return best_constant(env_cls, env_cls.Params.coerce(task.env.params), problems, task.env.max_turns)
+    return best_constant(env_cls, env_cls.Params.coerce(task.env.params), problems, answer_turns(task))
 
 
 # --- reading rules: what a few lines of code that read the state (no model) solve ---------------------
@@ -250,6 +250,14 @@ def is_hard(env_cls: type[Env], params: EnvParams, problem: Problem, max_turns: 
     return not play_rule(env_cls, problem, params, rule, max_turns)[0]
 
 
+def answer_turns(task: "TaskConfig") -> int:
+    """The turns of the task whose answers a rule or a constant answer plays: max_turns, or half of
+    them where the answering agent writes a program first (Env.answer_turns), so that a single
+    agent with the tool meets the rules, and the hard split, of the team's two answer turns."""
+    env_cls = ENVS[task.env.name]
+    return env_cls.answer_turns(env_cls.Params.coerce(task.env.params), task.env.max_turns)
+
+
 def task_pool(task: "TaskConfig") -> ProblemPool:
     """A task's problems: training draws, the held-out evaluation set and, with
     train.hard_eval_problems, the extra hard split (held-out problems the either-order reading rule
@@ -260,7 +268,7 @@ def task_pool(task: "TaskConfig") -> ProblemPool:
     params = env_cls.Params.coerce(task.env.params)
     hard = None
     if task.train.hard_eval_problems:
-        hard = functools.partial(is_hard, env_cls, params, max_turns=task.env.max_turns)
+        hard = functools.partial(is_hard, env_cls, params, max_turns=answer_turns(task))
     return ProblemPool(
         env_cls, params, task.train.seed, task.train.eval_problems, hard=hard, hard_size=task.train.hard_eval_problems
     )
@@ -273,13 +281,14 @@ def baseline_outcomes(task: "TaskConfig", problems: Sequence[Problem]) -> dict[s
     env_cls = ENVS[task.env.name]
     params = env_cls.Params.coerce(task.env.params)
     out: dict[str, tuple[str, list[bool]]] = {}
-    best = best_constant(env_cls, params, problems, task.env.max_turns) if problems else None
+    turns = answer_turns(task)
+    best = best_constant(env_cls, params, problems, turns) if problems else None
     if best is not None:
         out["constant"] = (
             f"the best constant answer ({best.answer!r})",
-            [solves(env_cls, p, params, best.answer, task.env.max_turns) for p in problems],
+            [solves(env_cls, p, params, best.answer, turns) for p in problems],
         )
-    rules = rule_results(env_cls, params, problems, task.env.max_turns)
+    rules = rule_results(env_cls, params, problems, turns)
     helper = getattr(params, "tool_helper", "none") != "none"
     for name, solved in (rules.solved if rules else {}).items():
         if name == "tool_first" and not helper:  # a control of the helper: meaningless without one

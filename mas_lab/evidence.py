@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from mas_lab.baselines import RuleResults, baseline_outcomes, rule_results, task_pool
+from mas_lab.baselines import RuleResults, answer_turns, baseline_outcomes, rule_results, task_pool
 from mas_lab.envs import ENVS
 from mas_lab.paired import Verdict, compare_paired
 
@@ -34,7 +34,7 @@ class HeldOut:
     def of(cls, task: TaskConfig) -> HeldOut:
         pool = task_pool(task)
         rules = (
-            None if pool.hard_set else rule_results(ENVS[task.env.name], pool.params, pool.eval_set, task.env.max_turns)
+            None if pool.hard_set else rule_results(ENVS[task.env.name], pool.params, pool.eval_set, answer_turns(task))
         )
         return cls.from_pool(pool.eval_set, pool.hard_set, rules)
 

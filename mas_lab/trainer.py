@@ -19,7 +19,15 @@ from mas_lab.algo import Group, filter_groups, group_stats
 from mas_lab.algo.credit import assign_advantages
 from mas_lab.backend import PolicyBackend
 from mas_lab.background import Background
-from mas_lab.baselines import RULE_LABELS, ConstantBaseline, RuleResults, rule_results, task_baseline, task_pool
+from mas_lab.baselines import (
+    RULE_LABELS,
+    ConstantBaseline,
+    RuleResults,
+    answer_turns,
+    rule_results,
+    task_baseline,
+    task_pool,
+)
 from mas_lab.config import TaskConfig
 from mas_lab.control import RunControl
 from mas_lab.diagnostics import diagnostics
@@ -265,10 +273,12 @@ class Trainer:
                 for role in roles:
                     policy = task.policy_of(role)
                     tokenizer = tokenizers[policy]
-                    reply = env.format_demo(role, rng)
-                    response = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
-                    messages = with_system(env.messages(role, 0), task.role(role).system_prompt)
-                    samples[policy].append(Sample(encode_chat(tokenizer, messages), response, 1.0, demonstration=True))
+                    for turn in env.demo_turns(role):  # a program-then-answer agent: one of each
+                        reply = env.format_demo(role, rng, turn) if turn else env.format_demo(role, rng)
+                        response = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+                        messages = with_system(env.messages(role, turn), task.role(role).system_prompt)
+                        sample = Sample(encode_chat(tokenizer, messages), response, 1.0, demonstration=True)
+                        samples[policy].append(sample)
             updates = self.backend.update(samples)
             self.store.event(
                 0,
@@ -383,7 +393,7 @@ class Trainer:
         """The reading rules on the evaluation set and then the extra hard problems; computed once."""
         env_cls = ENVS[self.task.env.name]
         return rule_results(
-            env_cls, self.pool.params, [*self.pool.eval_set, *self.pool.hard_set], self.task.env.max_turns
+            env_cls, self.pool.params, [*self.pool.eval_set, *self.pool.hard_set], answer_turns(self.task)
         )
 
     # --- the run: steps, safe points, checkpoints -------------------------------------------------

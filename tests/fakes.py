@@ -39,7 +39,7 @@ class FakeBackend:
     def update(self, samples):
         self.updates.append(samples)
         return {
-            name: {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": len(s), "tokens": 0}
+            name: {"loss": 0.0, "nll": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "samples": len(s), "tokens": 0}
             for name, s in samples.items()
         }
 

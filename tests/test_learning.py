@@ -144,3 +144,24 @@ def _demo_tokens(env, rng):
             encode_chat(tokenizer, env.messages(role, 0)),
             tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id],
         )
+
+
+def test_a_program_then_answer_agent_warms_up_on_one_demonstration_of_each_kind(tmp_path):
+    """The single agent with the tool writes a program, then answers: the warm-up shows it both, as
+    the team's tool agent and planner each get theirs (two samples a problem in both)."""
+    from fakes import FakeBackend, FakeEngine
+
+    overrides = ["policies.shared.model=tiny-test", "train.warmup_steps=1", "train.problems_per_step=3"]
+    for task_file in ("plan_path_tool_single_tool.yaml", "plan_path_tool.yaml"):
+        task = load_task(ROOT / "tasks" / task_file, overrides)
+        backend = FakeBackend(FakeEngine())
+        Trainer(task, backend, RunStore(tmp_path / f"{task.name}.db")).warm_up()
+        (samples,) = [update["shared"] for update in backend.updates]
+        assert len(samples) == 6 and all(s.demonstration for s in samples), task_file
+    from transformers import AutoTokenizer
+
+    from mas_lab.models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-test"))
+    texts = [tokenizer.decode(s.response_ids) for s in samples]
+    assert sum(t.startswith("```python") for t in texts) == 3 and sum(t.startswith("Moves:") for t in texts) == 3

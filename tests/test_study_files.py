@@ -58,3 +58,21 @@ def test_a_task_file_syntax_error_names_the_file_line_and_column(tmp_path):
     path.write_text("name: x\nenv: [\n")
     with pytest.raises(TaskFileError, match=r"t.yaml, line 3, column 1: not valid YAML"):
         load_task(path)
+
+
+def test_a_regime_runs_only_on_the_tasks_it_names(tmp_path):
+    """The single agent with the tool exists only where the task has a tool: `tasks:` limits a
+    regime to those keys; a key that is not a task is refused naming the regime."""
+    families = {f.key: f for f in load_study(ROOT / "studies" / "paper.yaml", ROOT)}
+    assert "single agent + GRPO with the tool" in families["plan_path_tool"].names
+    assert (
+        families["plan_path_tool"].regimes["single agent + GRPO with the tool"][0]
+        == "tasks/plan_path_tool_single_tool.yaml"
+    )
+    assert "single agent + GRPO with the tool" not in families["sokoban"].names
+    text = GOOD.replace("tasks: [plan_path_tool]", "tasks: [plan_path_tools]")
+    assert text != GOOD
+    with pytest.raises(
+        StudyFileError, match=r"\(single agent \+ GRPO with the tool\).tasks: \['plan_path_tools'\] are not tasks"
+    ):
+        load_study(_study(tmp_path, text), ROOT)

@@ -98,6 +98,11 @@ def test_a_changed_workflow_changes_what_is_seen_and_rewarded():
         ([{"role": "a", "kind": "answer"}, {"role": "a", "kind": "answer"}], "role names repeat"),
         ([{"role": "a", "kind": "answer", "weights": {"ran": 1}}], "unknown ['ran']; allowed: ['format', 'value']"),
         ([{"role": "solver", "kind": "answer"}], "single-agent baseline's role"),
+        (
+            [{"role": "a", "kind": "program_then_answer"}, {"role": "b", "kind": "answer", "sees": ["a"]}],
+            "b sees 'a', a program_then_answer role",
+        ),
+        ([{"role": "a", "kind": "program_then_answer", "weights": {"cost": 1}}], "allowed: ['format', 'parsed'"),
     ],
 )
 def test_a_wrong_workflow_names_the_field(workflow, message):
@@ -185,3 +190,71 @@ def test_a_three_role_team_trains_from_the_cli(tmp_path):
         "planner",
         "verifier",
     ]
+
+
+def test_a_single_agent_with_the_tool_writes_a_program_then_answers_from_its_output():
+    """tasks/plan_path_tool_single_tool.yaml: one role of kind program_then_answer over 4 turns. At
+    turns 0 and 2 it is scored as the tool agent (ran, parsed, value on a trial copy; the live state
+    does not move), at turns 1 and 3 it reads its own code and output and its answer moves the state,
+    as the planner's does. Its rules and hard split play its two answer turns: the team's problems."""
+    import random
+
+    from mas_lab.baselines import answer_turns, task_pool
+
+    overrides = ["policies.shared.model=tiny-test", "train.warmup_steps=0"]
+    task = load_task(ROOT / "tasks" / "plan_path_tool_single_tool.yaml", overrides)
+    team = load_task(ROOT / "tasks" / "plan_path_tool.yaml", overrides)
+    assert (answer_turns(task), answer_turns(team)) == (2, 2)
+    mine, theirs = task_pool(task), task_pool(team)
+    assert [p.id for p in mine.eval_set] == [p.id for p in theirs.eval_set]
+    assert [p.id for p in mine.hard_set] == [p.id for p in theirs.hard_set]
+
+    env = mine.make(mine.eval_set[0])
+    assert env.demo_turns("agent") == (0, 1)
+    program, answer = env.format_demo("agent", random.Random(0), 0), env.format_demo("agent", random.Random(0), 1)
+    assert program.startswith("```python") and answer.startswith("Moves: ")
+    start = env.render()
+    assert "Write the Python program" in env.observe("agent", 0)
+    tool = env.step("agent", 0, program)
+    assert set(tool.components) == {"ran", "parsed", "value"} and tool.components["value"] == 1.0
+    assert env.render() == start and not env.success  # a program moves nothing
+    seen = env.observe("agent", 1)
+    assert f"Your program:\n```python\n{program.removeprefix('```python').removesuffix('```').strip()}" in seen
+    assert f"Its output:\n{env.tool_output.strip()}" in seen and "Moves:" in seen
+    plan = env.tool_output.strip()
+    moves = "Moves: " + " ".join(eval(plan))  # noqa: S307 - solve()'s printed list
+    done = env.step("agent", 1, moves)
+    assert set(done.components) == {"format", "value"} and done.team == 1.0 and env.success
+
+    _, episodes, groups = rollout("tasks/plan_path_tool_single_tool.yaml", overrides)
+    for episode in episodes:
+        for turn in episode.turns:
+            kind = {"ran", "parsed", "value"} if turn.turn % 2 == 0 else {"format", "value"}
+            assert all(set(c.components) == kind for c in turn.candidates), (turn.turn, turn.candidates[0].components)
+    assert {len(g.members) for g in groups} == {task.algorithm.k}  # mas_grpo: K trajectories per problem
+    assert {g.key.role for g in groups} == {"agent"}
+
+
+@pytest.mark.integration
+def test_a_single_agent_with_the_tool_warms_up_on_both_kinds_and_trains(tmp_path):
+    """A real run (tiny model, in-process actors): the warm-up trains one program and one answer
+    demonstration per problem, and training stores turns of both kinds."""
+    summary, store = run_task(
+        tmp_path,
+        "plan_path_tool_single_tool.yaml",
+        "--no-ray",
+        sets=(
+            *("policies.shared.model=tiny-test", "policies.shared.dtype=float32"),
+            *("train.steps=1", "train.warmup_steps=1", "train.problems_per_step=2"),
+            *("train.eval_problems=2", "train.hard_eval_problems=0", "train.eval_every=0"),
+            *("algorithm.filter=none", "resources.torch_threads=1"),
+        ),
+    )
+    try:
+        warmup = [e["message"] for e in store.events() if e["kind"] == "warmup"]
+        assert len(warmup) == 1 and "nll/shared" in warmup[0]
+        turns = store.turn_table()
+        assert {t["turn"] for t in turns if t["kind"] == "train"} >= {0, 1}
+        assert summary["steps"] == 1
+    finally:
+        store.close()

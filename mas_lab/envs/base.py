@@ -133,11 +133,24 @@ class Env(ABC):
 
     has_format_demos: ClassVar[bool] = False  # format_demo is implemented (train.warmup_steps)
 
-    def format_demo(self, role: str, rng: random.Random) -> str:
+    def format_demo(self, role: str, rng: random.Random, turn: int = 0) -> str:
         """A reply of `role` in its answer format whose content is drawn from `rng` alone, never from
         the problem: what the format warm-up (train.warmup_steps) trains on. It teaches the form of
-        an answer, not a solution."""
+        an answer, not a solution. `turn` is one of demo_turns(role) (an override that takes no
+        `turn` is called without it)."""
         raise NotImplementedError(f"{type(self).__name__} has no format demonstrations")
+
+    @classmethod
+    def answer_turns(cls, params: Any, max_turns: int) -> int:
+        """How many of an episode's turns state an answer: the turns a no-model rule or a constant
+        answer plays on the same problems (and which decide the hard split). All of them, unless
+        the answering agent spends turns on something else (a program first)."""
+        return max_turns
+
+    def demo_turns(self, role: str) -> tuple[int, ...]:
+        """The turns at whose observation the format warm-up shows `role` a demonstration: the
+        first only, unless what the role does changes with the turn (a program then an answer)."""
+        return (0,)
 
     @abstractmethod
     def observe(self, role: str, turn: int) -> str:

@@ -49,10 +49,12 @@ class WorkflowRole(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$", description="the role's name (roles[].name)")
-    kind: Literal["program", "answer"] = Field(
+    kind: Literal["program", "answer", "program_then_answer"] = Field(
         description="program: writes a Python program whose printed output is parsed as an answer and "
         "scored on a trial copy of the state (the live state does not change); answer: states an "
-        "answer that is applied to the live state"
+        "answer that is applied to the live state; program_then_answer: one agent that does both, a "
+        "program at turns 0, 2, 4, ... and, having read its code and output, an answer at the next turn "
+        "(the single agent with the tool: give it twice the team's turns)"
     )
     sees: list[str] = Field(
         [],
@@ -68,18 +70,26 @@ class WorkflowRole(BaseModel):
 
     @model_validator(mode="after")
     def _known_components(self) -> "WorkflowRole":
-        allowed = KIND_WEIGHTS[self.kind]
-        unknown = sorted(set(self.weights or {}) - set(allowed))
+        allowed = {k for kind in self.kinds for k in KIND_WEIGHTS[kind]}
+        unknown = sorted(set(self.weights or {}) - allowed)
         if unknown:
             raise ValueError(f"weights of a {self.kind} role: unknown {unknown}; allowed: {sorted(allowed)}")
         return self
 
     @property
-    def local_weights(self) -> dict[str, float]:
-        """Every component's weight, in the kind's order (the sum is taken in it)."""
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of turn this role takes: one, or program then answer."""
+        return ("program", "answer") if self.kind == "program_then_answer" else (self.kind,)
+
+    def kind_at(self, turn: int) -> str:
+        """What this role does at `turn`: program or answer."""
+        return self.kinds[turn % len(self.kinds)]
+
+    def weights_at(self, turn: int) -> dict[str, float]:
+        """Every component's weight of the turn's kind, in the kind's order (the sum is taken in it)."""
         return {
             k: (self.weights or {}).get(k, w if self.weights is None else 0.0)
-            for k, w in KIND_WEIGHTS[self.kind].items()
+            for k, w in KIND_WEIGHTS[self.kind_at(turn)].items()
         }
 
 
@@ -108,12 +118,14 @@ class GameParams(EnvParams):
             raise ValueError(f"role names repeat: {names}")
         if "solver" in names:
             raise ValueError("'solver' is the single-agent baseline's role; name the role otherwise")
-        if not any(r.kind == "answer" for r in workflow):
+        if not any("answer" in r.kinds for r in workflow):
             raise ValueError("no answer role (one role must state the answer applied to the state)")
         for r in workflow:
             for seen in r.sees:
                 if seen not in names or seen == r.role:
                     raise ValueError(f"{r.role} sees '{seen}'; allowed: {[n for n in names if n != r.role]}")
+                if next(o for o in workflow if o.role == seen).kind == "program_then_answer":
+                    raise ValueError(f"{r.role} sees '{seen}', a program_then_answer role: it reads only itself")
         return workflow
 
 
@@ -160,6 +172,18 @@ class ToolPlannerEnv(Env):
     def spec(self, role: str) -> WorkflowRole | None:
         return next((r for r in self.workflow_of(self.params) if r.role == role), None)
 
+    @classmethod
+    def answer_turns(cls, params: Any, max_turns: int) -> int:
+        """Half the turns where the only answering agent writes a program first (program, answer,
+        program, answer): a single agent with the tool on 4 turns answers twice, as the team's
+        planner does on 2."""
+        workflow = cls.workflow_of(cls.Params.coerce(params))
+        return max_turns if any(r.kind == "answer" for r in workflow) else max_turns // 2
+
+    def demo_turns(self, role: str) -> tuple[int, ...]:
+        spec = self.spec(role)
+        return tuple(range(len(spec.kinds))) if spec is not None else (0,)
+
     # --- what each game defines ------------------------------------------------------------------
     @abstractmethod
     def task_text(self) -> str:
@@ -197,6 +221,12 @@ class ToolPlannerEnv(Env):
                     f"You are the {r.role} agent. Write a short Python program that {self.program_hint}. "
                     f"Reply with one ```python code block.{self.program_example}"
                 )
+            elif r.kind == "program_then_answer":
+                prompts[r.role] = (
+                    f"You are the {r.role}. When asked for a program, write a short Python program "
+                    f"that {self.program_hint}; reply with one ```python code block.{self.program_example} "
+                    f"When shown your program's output, solve the task. {self.answer_hint}{self.answer_example}"
+                )
             else:
                 prompts[r.role] = f"You are the {r.role}. Solve the task. {self.answer_hint}{self.answer_example}"
         prompts["solver"] = f"Solve the task. {self.answer_hint}{self.answer_example}"
@@ -223,21 +253,24 @@ class ToolPlannerEnv(Env):
         spec = self.spec(role)
         if spec is None:
             raise KeyError(f"{type(self).__name__}: no role '{role}' in the workflow")
-        if spec.kind == "program":
+        if spec.kind_at(turn) == "program":
             return text + self._seen(role) + f"\nWrite the Python program that {self.program_hint}."
+        if spec.kind == "program_then_answer":  # its own program of the turn before, and what it printed
+            text += f"\nYour program:\n```python\n{self.tool_code.strip()}\n```\n"
+            text += f"Its output:\n{self.tool_output.strip() or '(nothing)'}"
         return text + self._seen(role) + "\n" + self.answer_hint
 
     def act(self, role: str, turn: int, action: str) -> ActionResult:
         spec = self.spec(role) if role != self.single_role else None
-        if spec is not None and spec.kind == "program":
-            return self._act_tool(action, spec)
+        if spec is not None and spec.kind_at(turn) == "program":
+            return self._act_tool(action, spec, turn)
         answer = self.parse_answer(action)
         legal = answer is not None and self.apply(answer)
         fmt = 1.0 if legal else 0.0
         value = self.value()
         self.replies[role] = (action, "")
         components = {"format": fmt, "value": value}
-        weights = (spec or DEFAULT_WORKFLOW[1]).local_weights
+        weights = (spec or DEFAULT_WORKFLOW[1]).weights_at(turn)
         return ActionResult(
             team=value,
             local=sum(weights[k] * components[k] for k in weights),
@@ -245,7 +278,7 @@ class ToolPlannerEnv(Env):
             info=f"answer={answer!r} legal={legal}",
         )
 
-    def _act_tool(self, action: str, spec: WorkflowRole = DEFAULT_WORKFLOW[0]) -> ActionResult:
+    def _act_tool(self, action: str, spec: WorkflowRole = DEFAULT_WORKFLOW[0], turn: int = 0) -> ActionResult:
         self.tool_code = extract_code(action)
         wall = self.params.tool_timeout_s
         # the wall limit decides; the CPU limit (one second later) is only a backstop
@@ -261,7 +294,7 @@ class ToolPlannerEnv(Env):
             trial.execute(answer)
             value = trial.value()
         components = {"ran": ran, "parsed": parsed, "value": value}
-        weights = spec.local_weights
+        weights = spec.weights_at(turn)
         return ActionResult(
             team=self.value(),
             local=sum(weights[k] * components[k] for k in weights),

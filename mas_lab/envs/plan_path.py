@@ -255,7 +255,7 @@ class MovesGame(ToolPlannerEnv):
 
     def act(self, role: str, turn: int, action: str) -> ActionResult:
         spec = self.spec(role) if role != self.single_role else None
-        if self.params.execution == "all_or_nothing" or (spec is not None and spec.kind == "program"):
+        if self.params.execution == "all_or_nothing" or (spec is not None and spec.kind_at(turn) == "program"):
             return super().act(role, turn, action)
         answer = self.parse_answer(action)
         before = self.potential()
@@ -271,18 +271,18 @@ class MovesGame(ToolPlannerEnv):
             components["optimal"] = float(self.success and self.moves_taken == self.optimal_moves())
             local = components["shaping"] + components["goal"] + 0.5 * components["optimal"] - penalty
         else:
-            weights = (spec or DEFAULT_WORKFLOW[1]).local_weights
+            weights = (spec or DEFAULT_WORKFLOW[1]).weights_at(turn)
             local = sum(weights[k] * components[k] for k in weights) - penalty
         return ActionResult(team=value, local=local, components=components, info=f"answer={answer!r} skipped={skipped}")
 
-    def format_demo(self, role: str, rng: random.Random) -> str:
+    def format_demo(self, role: str, rng: random.Random, turn: int = 0) -> str:
         """One to three random moves in the role's format: a program printing them, or the
         "Moves:" line; with tool_helper: solver, the tool's demonstration calls solve() on a random
         grid, or (`tool_demo: observed`) on the problem's grid as drawn: a demonstration of copying
         the observation into the call, never of the moves (the planner's demonstration stays random)."""
         moves = [rng.choice("UDLR") for _ in range(rng.randint(1, 3))]
         spec = self.spec(role) if role != self.single_role else None
-        program = spec is not None and spec.kind == "program"
+        program = spec is not None and spec.kind_at(turn) == "program"
         if program and self.params.tool_helper == "solver":
             grid = self.drawn_grid() if self.params.tool_demo == "observed" else self.demo_grid(rng)
             return "```python\nprint(solve(" + repr(grid) + "))\n```"

@@ -111,7 +111,7 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
     held-out problems, as table rows; the note of the move games' either-order row gives the BFS
     optimum's mean move count and how many problems need a detour (the hard split). Empty for a
     task without rules."""
-    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, rule_results
+    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
@@ -120,7 +120,7 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
     found = []
     for seed in seeds:
         pool = ProblemPool(env_cls, task.env.params, seed, task.train.eval_problems)
-        found.append(rule_results(env_cls, pool.params, pool.eval_set, task.env.max_turns))
+        found.append(rule_results(env_cls, pool.params, pool.eval_set, answer_turns(task)))
     known = [r for r in found if r is not None]
     if not known or len(known) != len(found):
         return {}
@@ -155,7 +155,7 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
     evaluates no separate hard split (`train.hard_eval_problems: 0`): its runs then report the few
     detour problems inside the main set (6 of 192 over the Plan-Path letters seeds), which the either-order
     row counts ("N problems need a detour") and which are too few for a table of their own."""
-    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, is_hard, rule_results
+    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, is_hard, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
 
@@ -182,9 +182,9 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
             seed,
             task.train.eval_problems,
             hard_size=task.train.hard_eval_problems,
-            hard=functools.partial(is_hard, env_cls, params, max_turns=task.env.max_turns),
+            hard=functools.partial(is_hard, env_cls, params, max_turns=answer_turns(task)),
         )
-        found[seed] = rule_results(env_cls, params, pool.hard_set, task.env.max_turns)
+        found[seed] = rule_results(env_cls, params, pool.hard_set, answer_turns(task))
     helper = getattr(params, "tool_helper", "none") != "none"
     for name, label in RULE_ROWS.items():
         if name in HELPER_ROWS and not helper:

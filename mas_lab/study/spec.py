@@ -62,6 +62,12 @@ class RegimeSpec(_Strict):
     task: str = Field(min_length=1, description="its task file; {stem} is replaced by each task's stem")
     set: list[str] = Field([], description="overrides of this regime (key.path=value)")
     swap: bool = Field(False, description="after training, the swap ablation (per-role policies only)")
+    tasks: list[str] = Field(
+        [],
+        max_length=100,
+        description="the keys of the tasks this regime runs on (default: every task); e.g. a single agent "
+        "with the tool only where the task has a tool",
+    )
 
 
 class TaskSpec(_Strict):
@@ -158,10 +164,19 @@ def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
     out = _path(root, spec.out or f"studies/{spec.name}")
     if spec.report.results_md and _path(root, spec.report.results_md).is_dir():
         raise StudyFileError(f"{path}: report.results_md: {spec.report.results_md} is a folder, not a Markdown file")
+    keys = [task.key for task in spec.tasks]
+    for r_index, regime in enumerate(spec.regimes):
+        unknown = [key for key in regime.tasks if key not in keys]
+        if unknown:
+            raise StudyFileError(
+                f"{path}: regimes[{r_index}] ({regime.name}).tasks: {unknown} are not tasks; allowed: {keys}"
+            )
     families = []
     for t_index, task in enumerate(spec.tasks):
         regimes = []
         for r_index, regime in enumerate(spec.regimes):
+            if regime.tasks and task.key not in regime.tasks:
+                continue
             task_file = regime.task.replace("{stem}", task.stem)
             where = f"tasks[{t_index}] ({task.key}) x regimes[{r_index}] ({regime.name})"
             try:
