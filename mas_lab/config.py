@@ -242,17 +242,31 @@ class Algorithm(_Strict):
         "that step (an event says so; metric skipped_updates): a near-empty batch would otherwise take "
         "a full-size step under token_mean (0: always update)",
     )
-    advantage: Literal["at_grpo", "rloo", "dr_mas", "gigpo", "counterfactual"] = Field(
+    advantage: Literal["at_grpo", "rloo", "dr_mas", "pooled", "gigpo", "counterfactual"] = Field(
         "at_grpo",
         description="credit assignment (mas_lab/algo/credit.py, docs/algorithm.md): at_grpo, the paper's Eq. 3 in its "
         "groups; rloo, each sample against the mean of its K-1 siblings (leave-one-out); dr_mas, rewards normalised "
-        "per (problem, agent) over every turn (Dr. MAS, Feng et al. 2026); gigpo, trajectory modes only: the episode "
+        "per (problem, agent) over every turn (Dr. MAS, Feng et al. 2026; its comparison is against pooled in a "
+        "trajectory mode); pooled, every sample of a problem in one group with its own reward, whatever its agent "
+        "(what Dr. MAS replaces); gigpo, trajectory modes only: the episode "
         "advantage plus step_weight times a step advantage among samples that met the same observation (GiGPO, Feng "
         "et al. 2025); counterfactual, tree only: each candidate's branch continued greedily to the episode's end, "
         "its team outcome (plus its own local reward) against its K-1 siblings' (C3, Chen et al. 2026; costs a "
         "continuation per candidate)",
     )
     step_weight: float = Field(1.0, ge=0.0, description="gigpo: weight of the step advantage (omega in GiGPO's Eq. 8)")
+    gigpo_episode: Literal["mean", "outcome"] = Field(
+        "mean",
+        description="gigpo: the return its episode term normalises: mean, the trajectory's mean per-action reward "
+        "(mas-lab's variant, every gigpo run before this option); outcome, the episode's final team reward "
+        "(GiGPO's Eq. 3, whose environments reward the episode's end)",
+    )
+    counterfactual_credit: Literal["outcome_and_local", "outcome"] = Field(
+        "outcome_and_local",
+        description="counterfactual: a candidate's credit: outcome_and_local, alpha x its continued branch's final "
+        "team value plus its own local reward (mas-lab's variant, every counterfactual run before this option); "
+        "outcome, alpha x the continued branch's final team value only (C3's terminal-only signal)",
+    )
     step_gamma: float = Field(
         0.95,
         ge=0.0,
@@ -267,6 +281,14 @@ class Algorithm(_Strict):
         if k < 2:
             raise ValueError("must be at least 2: a group of one candidate has no relative advantage")
         return k
+
+    @model_validator(mode="after")
+    def _variants_of_their_method(self):
+        if self.gigpo_episode != "mean" and self.advantage != "gigpo":
+            raise ValueError(f"gigpo_episode: a setting of advantage gigpo, not {self.advantage}")
+        if self.counterfactual_credit != "outcome_and_local" and self.advantage != "counterfactual":
+            raise ValueError(f"counterfactual_credit: a setting of advantage counterfactual, not {self.advantage}")
+        return self
 
     @model_validator(mode="after")
     def _constant_needs_a_budget(self):
@@ -489,19 +511,19 @@ class TaskConfig(_Strict):
         if self.algorithm.advantage == "gigpo" and self.algorithm.mode == "at_grpo":
             raise ValueError(
                 "algorithm.advantage: gigpo groups independent trajectories by their steps; allowed "
-                "with algorithm.mode at_grpo: at_grpo, rloo, dr_mas (or use mode mas_grpo or single_agent)"
+                "with algorithm.mode at_grpo: at_grpo, rloo, dr_mas, pooled (or use mode mas_grpo or single_agent)"
             )
         if self.algorithm.advantage == "counterfactual":
             if self.algorithm.mode != "at_grpo":
                 raise ValueError(
                     "algorithm.advantage: counterfactual continues each candidate's own branch of the tree; "
                     f"mode {self.algorithm.mode} samples independent trajectories; allowed there: at_grpo, rloo, "
-                    "dr_mas, gigpo"
+                    "dr_mas, pooled, gigpo"
                 )
             if env.parallel:
                 raise ValueError(
                     f"algorithm.advantage: counterfactual needs a sequential workflow; environment '{self.env.name}' "
-                    "acts in parallel (no single branch holds a turn); allowed: at_grpo, rloo, dr_mas"
+                    "acts in parallel (no single branch holds a turn); allowed: at_grpo, rloo, dr_mas, pooled"
                 )
         for i, role in enumerate(self.roles):
             if role.k is not None and self.algorithm.mode != "at_grpo":

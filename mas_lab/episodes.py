@@ -216,7 +216,8 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
             gen, result = flat[j], results[j]
             components = dict(result.components)
             if outcomes is not None:  # the credit counterfactual advantages read (algo/credit.py)
-                components[OUTCOME] = spec.alpha * outcomes[j] + result.local
+                own = result.local if task.algorithm.counterfactual_credit == "outcome_and_local" else 0.0
+                components[OUTCOME] = spec.alpha * outcomes[j] + own
             candidates.append(
                 Candidate(
                     problem_id=episode.problem.id,

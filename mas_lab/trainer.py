@@ -69,13 +69,27 @@ def compute_advantages(
     role_k: dict[str, int] | None = None,
     step_gamma: float = 0.95,
     tie_tol: float = 0.0,
+    gigpo_episode: str = "mean",
 ) -> list[Group]:
     """Build the groups of a step, check their invariants, and set each candidate's advantage by
     `method` (algo/credit.py). Tree (at_grpo): groups (problem, agent, turn) of K candidates from one
     observation (Sec. 4.1); otherwise (mas_grpo, single_agent): groups (problem) of K independent
     trajectories."""
     trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
-    return assign_advantages(trajectories, k, eps, tree, method, step_weight, role_k, step_gamma, tie_tol)
+    outcomes = [e.final_team for e in episodes]
+    return assign_advantages(
+        trajectories,
+        k,
+        eps,
+        tree,
+        method,
+        step_weight,
+        role_k,
+        step_gamma,
+        tie_tol,
+        gigpo_episode=gigpo_episode,
+        outcomes=outcomes,
+    )
 
 
 def _no_refusals() -> None:
@@ -194,6 +208,7 @@ class Trainer:
             role_k,
             algo.step_gamma,
             algo.tie_tolerance,
+            algo.gigpo_episode,
         )
         kept, report = filter_groups(groups, algo.filter, algo.tie_tolerance)
         kept_keys = {g.key for g in kept}

@@ -131,7 +131,7 @@ def test_gigpo_advantages_recomputed_from_a_real_runs_store(tmp_path):
     assert rebuilt == pytest.approx([r["advantage"] for r in rows], abs=1e-5)
 
 
-@pytest.mark.parametrize("method", ["at_grpo", "rloo", "dr_mas", "counterfactual"])
+@pytest.mark.parametrize("method", ["at_grpo", "rloo", "dr_mas", "pooled", "counterfactual"])
 def test_equal_rewards_give_zero_advantages(method):
     tree = [("p", [cand(index=i, reward=0.7) for i in range(4)])]
     for c in tree[0][1]:
@@ -140,7 +140,7 @@ def test_equal_rewards_give_zero_advantages(method):
     assert all(c.advantage == 0.0 for g in groups for c in g.members)
 
 
-@pytest.mark.parametrize("method", ["rloo", "dr_mas", "counterfactual"])
+@pytest.mark.parametrize("method", ["rloo", "dr_mas", "pooled", "counterfactual"])
 def test_a_run_stores_the_advantages_its_method_gives(tmp_path, method):
     """Recomputed from the store: a real toy step's stored rewards, regrouped and run through the
     method again, give the stored advantages (and, for dr_mas, its stored groups)."""
@@ -176,6 +176,8 @@ def test_a_run_stores_the_advantages_its_method_gives(tmp_path, method):
     assert [c.advantage for c in rebuilt] == pytest.approx([r["advantage"] for r in rows], abs=1e-5)
     if method == "dr_mas":
         assert {(g.role, g.turn) for g in store.groups(1)} == {("first", -1), ("second", -1)}
+    if method == "pooled":
+        assert {(g.role, g.turn) for g in store.groups(1)} == {("*", -1)}
 
 
 def test_a_roles_own_k_sizes_its_groups_and_needs_tree_sampling(tmp_path):
@@ -314,3 +316,83 @@ def test_counterfactual_credit_needs_the_tree_and_a_sequential_workflow():
         assign_advantages(bare, 2, 1e-6, True, "counterfactual")
     with pytest.raises(ValueError, match="needs tree sampling"):
         assign_advantages(bare, 2, 1e-6, False, "counterfactual")
+
+
+def test_pooled_puts_every_agents_samples_of_a_problem_in_one_group_which_dr_mas_splits():
+    """What Dr. MAS fixes, by hand: an agent whose rewards live on a larger scale. Pooled (one group
+    per problem over every agent's samples, each with its own reward, as verl's GRPO without
+    group_by_agent_id) ranks the small-scale agent's samples below the large one's, so all of its
+    samples get negative advantages; Dr. MAS's per-agent groups give each agent zero-mean ones."""
+    big = [cand(role="a", index=i, reward=r) for i, r in enumerate([10.0, 12.0])]
+    small = [cand(role="b", index=i, reward=r) for i, r in enumerate([0.0, 1.0])]
+    trajectories = [("p", [big[0], small[0]]), ("p", [big[1], small[1]])]
+    (group,) = assign_advantages(trajectories, 2, 1e-9, False, "pooled")
+    assert group.key.role == "*" and len(group.members) == 4
+    expected = grpo_advantages([10.0, 0.0, 12.0, 1.0], 1e-9)
+    assert [c.advantage for c in (big[0], small[0], big[1], small[1])] == pytest.approx(expected)
+    assert all(c.advantage < 0 for c in small)  # even b's better sample: a's scale swamps it
+    assign_advantages(trajectories, 2, 1e-9, False, "dr_mas")
+    assert [c.advantage for c in small] == pytest.approx(grpo_advantages([0.0, 1.0], 1e-9))
+    assert [c.advantage for c in big] == pytest.approx(grpo_advantages([10.0, 12.0], 1e-9))
+
+
+def test_gigpo_outcome_normalises_the_episode_outcome_not_the_mean_shaped_reward():
+    """GiGPO's Eq. 3 normalises each trajectory's return; its environments reward the episode's
+    end. With gigpo_episode outcome the episode term is the episodes' final team rewards: two
+    trajectories of equal mean shaped reward but different outcomes are told apart, and two of
+    different shaped rewards but the same outcome are not."""
+    rows = [(0.9, 0.9, 0.0), (0.1, 0.1, 1.0), (0.5, 0.5, 1.0)]  # (reward a, reward b, outcome)
+    trajectories = [
+        ("p", [cand(role="a", reward=a, prompt=(1, j)), cand(role="b", reward=b, prompt=(2, j))])
+        for j, (a, b, _) in enumerate(rows)
+    ]
+    outcomes = [o for *_, o in rows]
+    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", gigpo_episode="outcome", outcomes=outcomes)
+    episode = grpo_advantages(outcomes, 1e-6)
+    assert [unit[1].advantage for _, unit in trajectories] == pytest.approx(episode)  # b: no step group
+    assert trajectories[1][1][1].advantage == pytest.approx(trajectories[2][1][1].advantage)
+    assign_advantages(trajectories, 3, 1e-6, False, "gigpo")  # mas-lab's variant: the mean shaped reward
+    assert trajectories[0][1][1].advantage > 0 > trajectories[1][1][1].advantage  # the failed episode ranks first
+    with pytest.raises(ValueError, match="needs each trajectory's outcome"):
+        assign_advantages(trajectories, 3, 1e-6, False, "gigpo", gigpo_episode="outcome")
+
+
+def test_counterfactual_outcome_credit_is_the_continued_outcome_alone():
+    """C3's credit is terminal: with counterfactual_credit outcome a candidate's credit is alpha x
+    its continued branch's final team value, without its own local reward (the toy tree of the
+    by-hand test above: each credit there minus the candidate's own score)."""
+    from conftest import ROOT
+    from fakes import FakeEngine
+
+    from mas_lab.config import load_task
+    from mas_lab.envs import ProblemPool, ToyEnv
+    from mas_lab.episodes import Episode, tree_rollout
+
+    def credits(extra):
+        task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=2", "algorithm.advantage=counterfactual", *extra])
+        pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
+        episode = Episode(0, pool.train(0), pool.make(pool.train(0)))
+        tree_rollout(task, [episode], FakeEngine(), 2, seed=0)
+        return [[(c.components[OUTCOME], c.local) for c in t.candidates] for t in episode.turns]
+
+    both, alone = credits([]), credits(["algorithm.counterfactual_credit=outcome"])
+    for turn_both, turn_alone in zip(both, alone):
+        for (with_local, local), (outcome, _) in zip(turn_both, turn_alone):
+            assert outcome == pytest.approx(with_local - local)
+    assert any(local for turn in both for _, local in turn)  # the local rewards were not all zero
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["algorithm.gigpo_episode=outcome"], "gigpo_episode: a setting of advantage gigpo, not at_grpo"),
+        (["algorithm.counterfactual_credit=outcome"], "counterfactual_credit: a setting of advantage counterfactual"),
+    ],
+)
+def test_a_variant_of_another_method_is_refused(overrides, said):
+    from conftest import ROOT
+
+    from mas_lab.config import TaskFileError, load_task
+
+    with pytest.raises(TaskFileError, match=said):
+        load_task(ROOT / "tasks" / "toy.yaml", overrides)

@@ -76,3 +76,11 @@ def test_a_regime_runs_only_on_the_tasks_it_names(tmp_path):
         StudyFileError, match=r"\(single agent \+ GRPO with the tool\).tasks: \['plan_path_tools'\] are not tasks"
     ):
         load_study(_study(tmp_path, text), ROOT)
+
+
+@pytest.mark.parametrize("study", sorted(p.name for p in (ROOT / "studies").glob("*.yaml")))
+def test_every_shipped_study_file_loads_with_every_task_resolved(study):
+    """A shipped study names task files and overrides that must all resolve (load_study loads every
+    task x regime): a prepared study that was never run still has to be runnable."""
+    families = load_study(ROOT / "studies" / study, ROOT)
+    assert families and all(f.regime_list for f in families)

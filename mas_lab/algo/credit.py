@@ -11,8 +11,14 @@ per problem), so the methods can be compared on identical data. Formulas: docs/a
   problem with its own reward, so an agent whose rewards live on another scale than its teammates'
   is not rescaled by theirs. On the tree, AT-GRPO's groups are already per agent; Dr. MAS then
   differs only by pooling an agent's turns of a problem into one group.
+- `pooled`: every sample of a problem in one group, each with its own reward, whatever agent or
+  turn it came from: GRPO over a multi-agent rollout without per-agent groups (verl's grpo with
+  `group_by_agent_id` off), the normalisation Dr. MAS replaces. dr_mas against pooled, in a
+  trajectory mode, is the comparison Dr. MAS makes; on the tree AT-GRPO's groups are already per
+  agent, so dr_mas there tests only the pooling of an agent's turns.
 - `gigpo`: GiGPO (Feng et al. 2025, arXiv 2505.10978), trajectory modes only: the episode
-  advantage of trajectory GRPO (Eq. 3 there) plus `step_weight` times a step advantage within
+  advantage of trajectory GRPO (Eq. 3 there; `gigpo_episode`: the trajectory's mean per-action
+  reward, mas-lab's variant, or the episode's outcome, GiGPO's) plus `step_weight` times a step advantage within
   step groups, the samples of one problem's K trajectories that met the identical observation
   (anchor states: same role and prompt), normalising each sample's discounted return from its
   action on, G_t = r_t + gamma * G_{t+1} along its trajectory's actions (`step_gamma`;
@@ -20,7 +26,8 @@ per problem), so the methods can be compared on identical data. Formulas: docs/a
 - `counterfactual`: C3 (Chen et al. 2026, arXiv 2603.06859) on the tree: each candidate's branch
   is continued to the end of its episode by the current policy, greedily (episodes.py,
   counterfactual_outcomes), and its credit is alpha * the continued branch's final team value plus
-  its own local reward (Eq. 4 with the team term read at the episode's end), against the mean of
+  its own local reward (Eq. 4 with the team term read at the episode's end; `counterfactual_credit:
+  outcome` drops the local reward, C3's terminal-only signal), against the mean of
   its K - 1 siblings' (leave-one-out), in AT-GRPO's groups. Where it departs from C3: one greedy
   continuation per candidate rather than sampled replays under a frozen behaviour policy, and
   the alternatives are the tree's own K candidates, which also pick the live branch.
@@ -33,7 +40,7 @@ from collections import defaultdict
 from mas_lab.algo.advantage import grpo_advantages, rloo_advantages
 from mas_lab.algo.groups import ALL_TURNS, Candidate, Group, GroupKey, build_groups, build_trajectory_groups
 
-METHODS = ("at_grpo", "rloo", "dr_mas", "gigpo", "counterfactual")
+METHODS = ("at_grpo", "rloo", "dr_mas", "pooled", "gigpo", "counterfactual")
 OUTCOME = "counterfactual"  # the reward component holding a candidate's counterfactual credit
 
 
@@ -47,18 +54,22 @@ def assign_advantages(
     role_k: dict[str, int] | None = None,
     step_gamma: float = 0.95,
     tie_tol: float = 0.0,
+    *,
+    gigpo_episode: str = "mean",
+    outcomes: list[float] | None = None,
 ) -> list[Group]:
     """Build the groups `method` needs from a step's trajectories (problem id, its candidates in
     order), check them, and set every candidate's advantage. Returns the groups that carry the
     baselines: the ones the filter and the store see. Rewards within `tie_tol` of each other
-    count as tied (zero advantages)."""
+    count as tied (zero advantages). `outcomes`: each trajectory's episode outcome (its final team
+    reward), what gigpo's episode term normalises with `gigpo_episode` "outcome"."""
     candidates = [c for _, unit in trajectories for c in unit]
     if method not in METHODS:
         raise ValueError(f"unknown advantage method '{method}'; allowed: {list(METHODS)}")
     if method == "gigpo" and tree:
         raise ValueError("gigpo needs independent trajectories (algorithm.mode mas_grpo or single_agent)")
-    if method == "dr_mas":
-        groups = build_agent_groups(candidates)
+    if method in ("dr_mas", "pooled"):
+        groups = build_agent_groups(candidates) if method == "dr_mas" else build_pooled_groups(candidates)
         for group in groups:
             group.set_advantages(grpo_advantages(group.rewards, eps, tie_tol))
         return groups
@@ -75,7 +86,12 @@ def assign_advantages(
             group.rewards = [c.components[OUTCOME] for c in group.members]
             group.set_advantages(rloo_advantages(group.rewards, tie_tol))
         return groups
-    groups = build_groups(candidates, k, role_k) if tree else build_trajectory_groups(trajectories, k)
+    if method == "gigpo" and gigpo_episode == "outcome":
+        if outcomes is None:
+            raise ValueError("gigpo_episode outcome needs each trajectory's outcome")
+        groups = build_trajectory_groups(trajectories, k, outcomes)
+    else:
+        groups = build_groups(candidates, k, role_k) if tree else build_trajectory_groups(trajectories, k)
     for group in groups:
         group.set_advantages(
             rloo_advantages(group.rewards, tie_tol)
@@ -117,6 +133,21 @@ def build_agent_groups(candidates: list[Candidate]) -> list[Group]:
             members[0].advantage = 0.0
             continue
         groups.append(Group(key, [[c] for c in members], [c.reward for c in members]))
+    return groups
+
+
+def build_pooled_groups(candidates: list[Candidate]) -> list[Group]:
+    """The pooled groups: (problem) over every agent and turn, each candidate a unit with its own
+    reward (key: the trajectory key, every agent and every turn)."""
+    by_problem: dict[str, list[Candidate]] = defaultdict(list)
+    for candidate in candidates:
+        by_problem[candidate.problem_id].append(candidate)
+    groups = []
+    for problem_id, members in by_problem.items():
+        if len(members) < 2:
+            members[0].advantage = 0.0
+            continue
+        groups.append(Group(GroupKey.trajectory(problem_id), [[c] for c in members], [c.reward for c in members]))
     return groups
 
 

@@ -119,20 +119,25 @@ def build_groups(candidates: list[Candidate], k: int, role_k: dict[str, int] | N
     return groups
 
 
-def build_trajectory_groups(trajectories: list[tuple[str, list[Candidate]]], k: int) -> list[Group]:
+def build_trajectory_groups(
+    trajectories: list[tuple[str, list[Candidate]]], k: int, outcomes: list[float] | None = None
+) -> list[Group]:
     """Trajectory-level groups (plain GRPO applied to a MAS, docs/algorithm.md "Baselines"): the K
-    independent trajectories of one problem form its group; R = mean reward of a trajectory."""
-    by_problem: dict[str, list[list[Candidate]]] = {}
-    for problem_id, candidates in trajectories:
+    independent trajectories of one problem form its group; R = mean reward of a trajectory, or,
+    with `outcomes` (one per trajectory, in order), the episode's outcome."""
+    if outcomes is not None and len(outcomes) != len(trajectories):
+        raise ValueError(f"{len(outcomes)} outcomes for {len(trajectories)} trajectories")
+    by_problem: dict[str, list[tuple[list[Candidate], float]]] = {}
+    for position, (problem_id, candidates) in enumerate(trajectories):
         if not candidates:
             raise GroupError(f"a trajectory of problem {problem_id} has no actions")
-        by_problem.setdefault(problem_id, []).append(candidates)
+        value = statistics.fmean(c.reward for c in candidates) if outcomes is None else outcomes[position]
+        by_problem.setdefault(problem_id, []).append((candidates, value))
     groups = []
     for problem_id, units in by_problem.items():
         if len(units) != k:
             raise GroupError(f"problem {problem_id} has {len(units)} trajectories, expected exactly K={k}")
-        returns = [statistics.fmean(c.reward for c in unit) for unit in units]
-        groups.append(Group(GroupKey.trajectory(problem_id), units, returns))
+        groups.append(Group(GroupKey.trajectory(problem_id), [u for u, _ in units], [r for _, r in units]))
     return groups
 
 
