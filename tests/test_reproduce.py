@@ -23,7 +23,7 @@ def _toy_family(out):
     archive and MLflow store under `out`, no Markdown report."""
     import dataclasses
 
-    from mas_lab.study.families import FAMILIES
+    from mas_lab.study.reproduce import FAMILIES
 
     return dataclasses.replace(
         FAMILIES["plan_path"], key="toy", stem="toy", out=str(out), archive="", study_out="", results_md="", images=""
@@ -108,6 +108,7 @@ def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     K, warm-up and evaluation (the paper's comparison at one budget)."""
     from conftest import ROOT
 
+    from mas_lab.baselines import answer_turns
     from mas_lab.config import load_task
 
     reproduce = _reproduce_module()
@@ -116,7 +117,10 @@ def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
         tasks = [load_task(ROOT / task) for task, _ in family.regimes.values()]
         budgets = {
             (
-                t.env.model_dump_json(),
+                # the environment but its workflow (the single agent with the tool has one of its own,
+                # over twice the turns): the same answer turns
+                t.env.model_dump_json(exclude={"max_turns": True, "params": {"workflow"}}),
+                answer_turns(t),
                 t.train.steps,
                 t.train.problems_per_step,
                 t.algorithm.k,

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from mas_lab.cli import app
 from mas_lab.study.driver import cells, study_status
-from mas_lab.study.families import FAMILIES
+from mas_lab.study.reproduce import FAMILIES
 from mas_lab.study.spec import StudyFileError, load_study
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from textual import work
 from textual.app import ComposeResult
@@ -15,9 +15,7 @@ from textual_plotext import PlotextPlot
 
 from mas_lab.plots import axis_groups, baseline_name
 from tui.data import SPLIT, LiveSnapshot, event_line, fmt_duration, live_snapshot, now
-
-if TYPE_CHECKING:
-    from tui.app import MasLabApp
+from tui.navigation import Lab
 
 
 class SnapshotReady(Message):
@@ -130,7 +128,7 @@ class LiveScreen(Screen):
 
     @work(thread=True, exclusive=True, group="live")
     def refresh_data(self) -> None:
-        snapshot = live_snapshot(cast("MasLabApp", self.app).run_dir, self.events_after)
+        snapshot = live_snapshot(cast(Lab, self.app).run_dir, self.events_after)
         self.post_message(SnapshotReady(snapshot))
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
@@ -211,7 +209,7 @@ class LiveScreen(Screen):
             return
         wants_pause = not (state.get("paused") or self.requested == "pause")
         command = "pause" if wants_pause else "resume"
-        getattr(cast("MasLabApp", self.app).control, command)()
+        getattr(cast(Lab, self.app).control, command)()
         self.requested = command
         self.query_one("#pending", Static).update(f"{command} requested: waits for the step boundary")
         self.notify(f"{command} requested")

@@ -3,12 +3,23 @@ move one step, `f` pins the step shown or follows the newest one while the run i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from pathlib import Path
+from typing import Protocol, cast
 
 from textual.binding import Binding
 
-if TYPE_CHECKING:
-    from tui.app import MasLabApp
+from mas_lab.control import RunControl
+from mas_lab.store import RunStore
+
+
+class Lab(Protocol):
+    """What a screen reads of the app (tui/app.py's MasLabApp): the run store and the control API,
+    the only sources a screen reads (a Protocol, so the screens never import the app that shows them)."""
+
+    run_dir: Path
+    store: RunStore
+    control: RunControl
+
 
 STEP = Binding.Group("step", compact=True)
 STEP_BINDINGS = [
@@ -31,9 +42,9 @@ class StepNavigation:
         self.follow = True  # while the run is live, jump to each new step (f pins the one shown)
 
     @property
-    def lab(self) -> MasLabApp:
+    def lab(self) -> Lab:
         """The app, typed: its run store and control API (the only sources a screen reads)."""
-        return cast("MasLabApp", self.app)  # type: ignore[attr-defined]  # a Screen has .app
+        return cast(Lab, self.app)  # type: ignore[attr-defined]  # a Screen has .app
 
     @property
     def step(self) -> int | None:

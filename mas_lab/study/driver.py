@@ -11,40 +11,12 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from mas_lab.study.families import Family, slug
+from mas_lab.study.families import Cell, Family, archive_folder, cells
 from mas_lab.study.report import report
-from mas_lab.study.runner import archive_folder, complete, run_regime
+from mas_lab.study.runner import complete, run_regime
 from mas_lab.study.spec import read_kept_json
-
-
-@dataclass(frozen=True)
-class Cell:
-    family: Family
-    regime: str
-    seed: int
-
-    @property
-    def folder(self) -> Path:
-        return Path(self.family.out) / slug(self.regime) / f"seed-{self.seed}"
-
-    @property
-    def kept(self) -> bool:
-        return (archive_folder(self.family.archive_dir, self.regime, self.seed) / "summary.json").is_file()
-
-
-def cells(families: list[Family], seeds: list[int] | None = None, only: list[str] | None = None) -> list[Cell]:
-    """Seed by seed, and within a seed regime by regime across the tasks: the first complete tables
-    come first, and two jobs run the same regime of two tasks side by side."""
-    found = []
-    for seed in sorted({s for f in families for s in (seeds or f.seeds)}):
-        for name in dict.fromkeys(n for f in families for n in f.names):
-            for family in families:
-                if name in family.names and seed in (seeds or family.seeds) and (only is None or name in only):
-                    found.append(Cell(family, name, seed))
-    return found
 
 
 def parent_run(families: list[Family]) -> tuple[str, ...]:

@@ -50,6 +50,13 @@ class Family:
     def regimes(self) -> dict[str, tuple[str, list[str]]]:  # name -> (task file, overrides), in order
         return {r.name: (r.task.replace("{stem}", self.stem), list(r.set)) for r in self.regime_list}
 
+    def shown(self, path: str | Path) -> str:
+        """A path as the report names it: relative to where the study runs when inside it."""
+        try:
+            return str(Path(path).resolve().relative_to(Path(self.root).resolve()))
+        except ValueError:
+            return str(path)
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(r.name for r in self.regime_list)
@@ -83,21 +90,35 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
 
 
-def paper_families() -> dict[str, Family]:
-    """The tasks of studies/paper.yaml, by key."""
-    from mas_lab.study.spec import load_study
-
-    return {f.key: f for f in load_study(PAPER_STUDY, ROOT)}
+def archive_folder(archive: Path, name: str, seed: int) -> Path:
+    """Where a regime's seed is kept in an archive folder."""
+    return archive / slug(name) / f"seed-{seed}"
 
 
-_paper: dict[str, Family] = {}
+@dataclass(frozen=True)
+class Cell:
+    """One (task, regime, seed) of a study: its work folder and whether a finished run is kept."""
+
+    family: Family
+    regime: str
+    seed: int
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.family.out) / slug(self.regime) / f"seed-{self.seed}"
+
+    @property
+    def kept(self) -> bool:
+        return (archive_folder(self.family.archive_dir, self.regime, self.seed) / "summary.json").is_file()
 
 
-def __getattr__(name: str) -> dict[str, Family]:
-    """FAMILIES: studies/paper.yaml's tasks, read on first use (reading it at import would import
-    mas_lab.study.spec, which imports this module, half-made when spec is imported first)."""
-    if name != "FAMILIES":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if not _paper:
-        _paper.update(paper_families())
-    return _paper
+def cells(families: list[Family], seeds: list[int] | None = None, only: list[str] | None = None) -> list[Cell]:
+    """Seed by seed, and within a seed regime by regime across the tasks: the first complete tables
+    come first, and two jobs run the same regime of two tasks side by side."""
+    found = []
+    for seed in sorted({s for f in families for s in (seeds or f.seeds)}):
+        for name in dict.fromkeys(n for f in families for n in f.names):
+            for family in families:
+                if name in family.names and seed in (seeds or family.seeds) and (only is None or name in only):
+                    found.append(Cell(family, name, seed))
+    return found

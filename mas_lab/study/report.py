@@ -502,7 +502,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
                     "",
                     f"## {family.heading}: {family.title}",
                     "",
-                    f"No run of this family is kept in `{_shown(family, family.archive_dir)}/` yet: `{command}` makes them.",
+                    f"No run of this family is kept in `{family.shown(family.archive_dir)}/` yet: `{command}` makes them.",
                     "",
                     family.end,
                 ],
@@ -544,7 +544,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         "regime not distinguishable from them may have learned to read, and only one above them plans. Intervals "
         "in the table are 95% Wilson intervals of the success pooled over seeds (they treat seeds' episodes as one "
         "sample: the per-seed values show the spread); every comparison in words is paired on the same problems. Each finished run's summary and store are kept in "
-        f"`{_shown(family, family.archive_dir)}/<regime>/seed-<n>/` with the resolved task.yaml: after "
+        f"`{family.shown(family.archive_dir)}/<regime>/seed-<n>/` with the resolved task.yaml: after "
         "`xz -dk run.db.xz` the folder is a run for `mas-lab replay` and `mas-lab tui`.",
         "",
         *lines,
@@ -595,14 +595,6 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     text += [f"![learning curves]({link})", ""]
     text.append(family.end)
     write_section(family, text)
-
-
-def _shown(family: Family, path: Path) -> str:
-    """A path as the report names it: relative to where the study runs when inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path(family.root).resolve()))
-    except ValueError:
-        return str(path)
 
 
 def write_section(family: Family, text: list[str]) -> None:

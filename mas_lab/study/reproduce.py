@@ -35,7 +35,7 @@ import argparse
 import json
 
 from mas_lab.study.driver import run_study, summary_rows
-from mas_lab.study.families import FAMILIES, Family, slug
+from mas_lab.study.families import Family, archive_folder, slug
 from mas_lab.study.plots import curves, mean_curve
 from mas_lab.study.report import (
     baseline_verdicts,
@@ -48,7 +48,10 @@ from mas_lab.study.report import (
     swap_lines,
     table,
 )
-from mas_lab.study.runner import STORE, archive_folder, complete, run_regime
+from mas_lab.study.runner import STORE, complete, run_regime
+from mas_lab.study.spec import paper_families
+
+FAMILIES = paper_families()  # studies/paper.yaml's tasks, by key
 
 __all__ = [
     "FAMILIES",

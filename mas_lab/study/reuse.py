@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mas_lab.provenance import code_version
-from mas_lab.study.families import Family
-from mas_lab.study.report import _shown
-from mas_lab.study.runner import STORE, archive_folder
+from mas_lab.study.families import Family, archive_folder, cells
+from mas_lab.study.runner import STORE
 
 PLACEMENT = ("tracking", "resources")  # where and on how many threads a run went: not what it is
 
@@ -122,14 +121,12 @@ def take(reuse: Reuse) -> dict:
     target.mkdir(parents=True, exist_ok=True)
     for name in (STORE, "task.yaml"):
         shutil.copyfile(reuse.source / name, target / name)
-    result = {**reuse.summary, "regime": reuse.regime, "reused_from": _shown(reuse.family, reuse.source)}
+    result = {**reuse.summary, "regime": reuse.regime, "reused_from": reuse.family.shown(reuse.source)}
     (target / "summary.json").write_text(json.dumps(result, indent=1) + "\n")  # last: it marks the run kept
     return result
 
 
 def take_all(families: list[Family], seeds: list[int] | None, only: list[str] | None, extra: list[str]) -> list[dict]:
     """Every reusable run of these cells, all checked first (a ReuseError writes nothing), then copied."""
-    from mas_lab.study.driver import cells
-
     found = [r for c in cells(families, seeds, only) if (r := check(c.family, c.regime, c.seed, extra)) is not None]
     return [take(r) for r in found]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from mas_lab.children import die_with_parent
-from mas_lab.study.families import Family, slug
+from mas_lab.study.families import Family, archive_folder, slug
 from mas_lab.study.spec import read_kept_json
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
@@ -236,10 +236,6 @@ def swap_eval(family: Family, task: str, seed: int, run_dir: Path, folder: Path)
         print(f"[study] swap eval failed: {proc.stderr[-2000:]}", file=sys.stderr)
         return None
     return {"checkpoint": checkpoints[-1].name, "command": " ".join(command[1:]), **last_json(proc.stdout)}
-
-
-def archive_folder(archive: Path, name: str, seed: int) -> Path:
-    return archive / slug(name) / f"seed-{seed}"
 
 
 def keep(result: dict, archive: Path) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from mas_lab.study.families import Family, Regime
+from mas_lab.study.families import PAPER_STUDY, ROOT, Family, Regime
 
 KEY = r"^[a-z0-9][a-z0-9_-]*$"
 
@@ -241,3 +241,8 @@ def _describe(error: Any) -> str:
         if fields is not None:
             message += f"; allowed: {sorted(fields.model_fields)}"
     return f"{where}: {message}" if where else message  # a check of the whole file names its field itself
+
+
+def paper_families() -> dict[str, Family]:
+    """The tasks of studies/paper.yaml, by key."""
+    return {f.key: f for f in load_study(PAPER_STUDY, ROOT)}
