@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mas_lab import checkpoint
-from mas_lab.backend import Backend
+from mas_lab.actors.backend import Backend
 from mas_lab.config import load_task
 from mas_lab.learner.samples import Sample
+from mas_lab.records import checkpoint
 
 
 def folder_size(path: Path) -> int:

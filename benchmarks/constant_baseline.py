@@ -1,5 +1,5 @@
 """How many held-out problems does the best constant answer solve? The bar a trained team must
-clear to count as solving the task (mas_lab/baselines.py; `mas-lab run` and `mas-lab eval` report
+clear to count as solving the task (mas_lab/training/baselines.py; `mas-lab run` and `mas-lab eval` report
 it too).
 
     .venv/bin/python benchmarks/constant_baseline.py [TASK.yaml] [--seeds 0 1 2] [--problems N]
@@ -12,10 +12,10 @@ import argparse
 import json
 import time
 
-from mas_lab.baselines import task_baseline
+from mas_lab.analysis.reporting import wilson_interval
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.reporting import wilson_interval
+from mas_lab.training.baselines import task_baseline
 
 parser = argparse.ArgumentParser()
 parser.add_argument("task", nargs="?", default="tasks/plan_path_learns.yaml")

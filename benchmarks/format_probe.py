@@ -15,9 +15,9 @@ import time
 
 from mas_lab.config import Sampling, load_task
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.episodes import with_system
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine
+from mas_lab.training.episodes import with_system
 
 parser = argparse.ArgumentParser()
 parser.add_argument("task", nargs="?", default="tasks/plan_path_learns.yaml")

@@ -24,15 +24,15 @@ import time
 
 import torch
 
-from mas_lab.actors import set_threads
+from mas_lab.actors.placement import set_threads
 from mas_lab.algo.loss import clipped_policy_loss
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.episodes import with_system
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine
+from mas_lab.training.episodes import with_system
 
 
 def plain_update(model, optimizer, samples: list[Sample], micro_batch: int, autocast: bool) -> None:

@@ -24,11 +24,11 @@ import time
 import torch
 from rollout_speed import first_observations
 
-from mas_lab import lora
-from mas_lab.actors import set_threads
+from mas_lab.actors.placement import set_threads
 from mas_lab.config import Sampling, load_task
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.models import resolve
+from mas_lab.modeling import lora
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine
 
 

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """float32 against bfloat16 on this machine, side by side in one process, printed as JSON: what
-`dtype: auto` decides from (mas_lab/precision.py).
+`dtype: auto` decides from (mas_lab/modeling/precision.py).
 
     .venv/bin/python benchmarks/precision.py [--model smollm2-135m-instruct] [--prompts 4]
         [--new-tokens 16] [--threads 0]
@@ -20,13 +20,13 @@ import time
 
 import torch
 
-from mas_lab import precision
-from mas_lab.actors import set_threads
+from mas_lab.actors.placement import set_threads
 from mas_lab.config import Algorithm, Sampling, load_task
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
-from mas_lab.models import resolve
+from mas_lab.modeling import precision
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,9 +14,9 @@ import argparse
 import json
 import re
 
-from mas_lab.baselines import solves
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
+from mas_lab.training.baselines import solves
 
 SENTENCE = re.compile(r"[^.\n]*\([UDLR](?: [UDLR])*\)[^.\n]*\.")
 GROUP = re.compile(r"\(([UDLR](?: [UDLR])*)\)")

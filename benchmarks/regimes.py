@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from mas_lab.metric_names import TIME_SPLIT
+from mas_lab.training.metric_names import TIME_SPLIT
 
 ROOT = Path(__file__).resolve().parents[1]
 REGIMES = {
@@ -83,7 +83,7 @@ def run(name: str, task: str, args) -> dict:
         return {"regime": name, "task": task, "error": err[-1500:]}
     summary = json.loads(out.strip().splitlines()[-1])
     sys.path.insert(0, str(ROOT))
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
     metrics = RunStore(ROOT / summary["run_dir"] / "run.db").metrics()
     steps = [m for s, m in metrics.items() if "time/step" in m]

@@ -27,12 +27,12 @@ import time
 
 import torch
 
-from mas_lab.actors import set_threads
+from mas_lab.actors.placement import set_threads
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.episodes import with_system
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine
+from mas_lab.training.episodes import with_system
 
 
 def plain_generate(engine: HFEngine, prompts: list[list[int]], k: int, sampling, seed: int) -> int:
@@ -151,8 +151,8 @@ def vllm_speed(model_dir: str, pool, role, k: int, dtype: str, problems: int, re
     """The vLLM engine on the same prompts: tok/s, engine start, full-weight and LoRA sync times."""
     from transformers import AutoModelForCausalLM
 
-    from mas_lab import lora
     from mas_lab.config import Lora
+    from mas_lab.modeling import lora
     from mas_lab.rollout.vllm_engine import VLLMEngine
 
     started = time.perf_counter()

@@ -25,15 +25,15 @@ import json
 import statistics
 import time
 
-from mas_lab import precision, prefill
 from mas_lab.config import Sampling, load_task
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.episodes import with_system
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
-from mas_lab.models import resolve
+from mas_lab.modeling import precision, prefill
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout import decode
 from mas_lab.rollout.engine import HFEngine
+from mas_lab.training.episodes import with_system
 
 SHARED = prefill.MIN_SHARED_PREFIX
 VARIANTS = {"ours": (SHARED, True), "no_reserved_cache": (SHARED, False), "no_shared_prefix": (10**9, True)}

@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from mas_lab.sandbox import SYSTEM_PYTHON, Isolation, Limits, _run, capabilities, run_many
+from mas_lab.sandbox.isolation import SYSTEM_PYTHON, Isolation, Limits, _run, capabilities, run_many
 
 BFS = """
 from collections import deque

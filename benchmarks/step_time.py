@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from mas_lab.backend import Backend
+from mas_lab.actors.backend import Backend
 from mas_lab.config import load_task
-from mas_lab.metric_names import TIME_KEYS
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer
+from mas_lab.records.store import RunStore
+from mas_lab.training.metric_names import TIME_KEYS
+from mas_lab.training.trainer import Trainer
 
 KEYS = (*TIME_KEYS, "time/step", "tokens_generated", "tokens_per_s")
 

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from mas_lab.config import load_task, task_to_yaml
+from mas_lab.records.store import RunStore
 from mas_lab.rollout.engine import Generation
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer
+from mas_lab.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 

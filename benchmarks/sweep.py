@@ -111,7 +111,7 @@ def main() -> None:
             run_dir = ROOT / summary["run_dir"]
             final = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
             row["trained"] = sampled_eval(args.task, overrides, args, log, final)
-            from mas_lab.store import RunStore
+            from mas_lab.records.store import RunStore
 
             metrics = RunStore(run_dir / "run.db", create=False).metrics()
             train = [m for m in metrics.values() if "time/step" in m]

@@ -15,10 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mas_lab.export import export_records
-from mas_lab.plots import plot_run
+from mas_lab.analysis.export import export_records
+from mas_lab.analysis.plots import plot_run
+from mas_lab.records.store import RunStore
 from mas_lab.runs import list_runs
-from mas_lab.store import RunStore
 
 
 def timed(fn):

@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 from tui.app import MasLabApp
 
 

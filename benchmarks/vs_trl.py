@@ -48,8 +48,8 @@ def reward(text: str) -> float:
 def prompts_of(task_file: str, problems: int) -> tuple[list[list[dict[str, str]]], str]:
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
-    from mas_lab.episodes import with_system
-    from mas_lab.models import resolve
+    from mas_lab.modeling.models import resolve
+    from mas_lab.training.episodes import with_system
 
     task = load_task(task_file)
     role = task.roles[0]
@@ -64,7 +64,7 @@ def run_mas_lab(task_file: str, messages, args, ray: bool = False, colocate: str
     """mas-lab's step: in one process (`ray` False), or through Ray actors exactly as `mas-lab run`
     starts them (a local Ray instance; `colocate` auto: one actor per base, false: a rollout
     worker and a learner apart, the weights through the object store)."""
-    from mas_lab.backend import Backend, start_ray
+    from mas_lab.actors.backend import Backend, start_ray
     from mas_lab.config import Sampling, load_task
     from mas_lab.learner.samples import Sample
 
@@ -113,7 +113,7 @@ def run_plain(model_dir: str, messages, args) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mas_lab.actors import set_threads
+    from mas_lab.actors.placement import set_threads
     from mas_lab.algo.loss import clipped_policy_loss
     from mas_lab.rollout.engine import stop_ids
 

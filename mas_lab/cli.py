@@ -25,8 +25,8 @@ from typer.core import TyperGroup
 from mas_lab import runs
 from mas_lab.config import TaskConfig
 from mas_lab.envs.base import EnvError
-from mas_lab.metric_names import TIME_KEYS
-from mas_lab.progress import ProgressEvent
+from mas_lab.training.metric_names import TIME_KEYS
+from mas_lab.training.progress import ProgressEvent
 
 app = typer.Typer(no_args_is_help=True, help="Train teams of LLM agents with AT-GRPO.")
 # markup off: what the CLI prints is data (paths, patterns, verdicts); styled parts are Text objects
@@ -185,7 +185,7 @@ def _train_with_progress(opened: runs.Run, use_ray: bool, stopped_by: list[int] 
 def _again(opened: runs.Run) -> str:
     """How to go on after a failure: resume from the last checkpoint, or start again where none
     was written (a resume would refuse: no complete checkpoint)."""
-    from mas_lab import checkpoint
+    from mas_lab.records import checkpoint
 
     if checkpoint.complete(opened.run_dir):
         return f"continue with: mas-lab run --resume {opened.run_dir}"
@@ -193,7 +193,7 @@ def _again(opened: runs.Run) -> str:
 
 
 def _print_summary(opened: runs.Run, summary: dict) -> None:
-    from mas_lab.reporting import update_text
+    from mas_lab.analysis.reporting import update_text
 
     task, run_dir, tracker = opened.task, opened.run_dir, opened.tracker
     metrics = opened.store.metrics()
@@ -263,7 +263,7 @@ def replay(
     kind: Kind = typer.Option(Kind.train, "--kind", help="which episodes: training or evaluation"),
 ) -> None:
     """Print one saved episode turn by turn: every candidate, its reward and advantage, the chosen one."""
-    from mas_lab.episode_text import format_episode
+    from mas_lab.records.episode_text import format_episode
 
     run_dir = _run_folder(run_dir)
     store = _open_store(run_dir)
@@ -340,10 +340,10 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int, st
             f"{metrics['eval/constant_success']:.3f} "
             f"[{metrics['eval/constant_ci_low']:.3f}, {metrics['eval/constant_ci_high']:.3f}]",
         )
-    from mas_lab.baselines import RULE_LABELS
-    from mas_lab.evidence import run_evidence
-    from mas_lab.paired import sentence
-    from mas_lab.reporting import baselines_from_metrics, hard_split_text
+    from mas_lab.analysis.evidence import run_evidence
+    from mas_lab.analysis.paired import sentence
+    from mas_lab.analysis.reporting import baselines_from_metrics, hard_split_text
+    from mas_lab.training.baselines import RULE_LABELS
 
     baselines = baselines_from_metrics(metrics, RULE_LABELS)
     for name, b in baselines.items():
@@ -379,7 +379,7 @@ def tui(
     """The dashboard. A task file starts `mas-lab run` in the background and shows it live; a run
     folder (or a kept run, run.db.xz) opens on the live screen: its charts, evaluations and events,
     following the run while it runs; `r` switches to replay (no Ray needed)."""
-    from mas_lab.run_folder import is_run_folder
+    from mas_lab.records.run_folder import is_run_folder
     from tui.app import MasLabApp
 
     if not target.exists():
@@ -412,8 +412,8 @@ def tui(
 
 def _run_folder(path: Path) -> Path:
     """The folder holding the run's run.db: the run folder itself, or a kept run (run.db.xz)
-    unpacked into the cache (mas_lab/run_folder.py); one clear line otherwise."""
-    from mas_lab.run_folder import NotARunFolder, run_folder
+    unpacked into the cache (mas_lab/records/run_folder.py); one clear line otherwise."""
+    from mas_lab.records.run_folder import NotARunFolder, run_folder
 
     try:
         return run_folder(path)
@@ -423,7 +423,7 @@ def _run_folder(path: Path) -> Path:
 
 def _open_store(run_dir: Path):
     """A run folder's store, read-only (requests go through a writable connection of their own)."""
-    from mas_lab.store import RunStore, StoreError
+    from mas_lab.records.store import RunStore, StoreError
 
     run_dir = _run_folder(run_dir)
     try:
@@ -438,7 +438,7 @@ def _open_store(run_dir: Path):
 
 
 def _control(run_dir: Path):
-    from mas_lab.control import RunControl
+    from mas_lab.records.control import RunControl
 
     return RunControl(_open_store(run_dir))
 
@@ -590,7 +590,7 @@ def ui(
     import socket
 
     from mas_lab.config import Tracking
-    from mas_lab.tracking import resolve_uri
+    from mas_lab.records.tracking import resolve_uri
 
     with socket.socket() as probe:
         try:
@@ -602,8 +602,8 @@ def ui(
         uri = _open_store(target).meta().get("mlflow_uri") or uri
         if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
             # a copied, shipped or downloaded run: its tracking store stayed where it was made
-            from mas_lab.models import cache_dir
-            from mas_lab.tracking import rebuild
+            from mas_lab.modeling.models import cache_dir
+            from mas_lab.records.tracking import rebuild
 
             key = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:12]
             console.print(
@@ -640,7 +640,7 @@ def export(
 ) -> None:
     """One record per candidate: problem, role, turn, messages (system, user, assistant), response,
     reward and components, advantage, chosen, group kept, sampler log-probs, step, policy."""
-    from mas_lab.export import export_records
+    from mas_lab.analysis.export import export_records
 
     given, run_dir = run_dir, _run_folder(run_dir)
     _open_store(run_dir).close()
@@ -691,8 +691,8 @@ def export_policy(
 ) -> None:
     """A policy as a Hugging Face folder (config, tokenizer, safetensors) that from_pretrained and
     vLLM load; a LoRA policy is merged into its base unless --adapter."""
-    from mas_lab.export import ExportError
-    from mas_lab.export import export_policy as write
+    from mas_lab.analysis.export import ExportError
+    from mas_lab.analysis.export import export_policy as write
 
     try:
         folder = write(checkpoint_dir, policy, output, merge=not adapter)
@@ -710,8 +710,8 @@ def plot(
 ) -> None:
     """Write the run's charts as PNG files: held-out success with intervals, reward per role and
     per (agent, turn), team reward, zero-std share, learner and sampling diagnostics, time split."""
-    from mas_lab.plots import plot_run
-    from mas_lab.run_folder import PACKED
+    from mas_lab.analysis.plots import plot_run
+    from mas_lab.records.run_folder import PACKED
 
     kept = (run_dir / PACKED).is_file() and not (run_dir / "run.db").is_file()
     if kept and output is None:
@@ -742,8 +742,8 @@ def compare(
     """Runs side by side: curves overlaid (each run faint, each label's mean bold), the settings
     that differ, the final held-out success per label, and every pair of labels paired on the same
     held-out problems (discordant counts, exact test, difference)."""
-    from mas_lab.compare import compare as write
-    from mas_lab.store import StoreError
+    from mas_lab.analysis.compare import compare as write
+    from mas_lab.records.store import StoreError
 
     for target in targets:
         if not target.is_dir():
@@ -822,7 +822,7 @@ def study_run(
         if name not in names:
             _fail(f"--only '{name}': not a regime of {study_file}; allowed: {sorted(names)}")
     if address:
-        from mas_lab.backend import check_cluster
+        from mas_lab.actors.backend import check_cluster
 
         problem = check_cluster(address, 10.0)
         if problem:
@@ -965,7 +965,7 @@ def envs(as_json: bool = typer.Option(False, "--json", help="one JSON object per
 @app.command()
 def models() -> None:
     """List the named models and whether they are available here."""
-    from mas_lab.models import NAMED, check_model_name
+    from mas_lab.modeling.models import NAMED, check_model_name
 
     for name in NAMED:
         problem = check_model_name(name)

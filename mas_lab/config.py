@@ -126,7 +126,7 @@ class Policy(_Strict):
         "float32",
         description="bfloat16: bf16 generation and bf16-autocast training over float32 master weights; "
         "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with avx512_bf16, amx_bf16 "
-        "or bf16), else float32 (mas_lab/precision.py)",
+        "or bf16), else float32 (mas_lab/modeling/precision.py)",
     )
     lora: Optional[Lora] = Field(None, description="train a LoRA adapter instead of the full model")
     lr: Optional[float] = Field(
@@ -386,7 +386,7 @@ class Resources(_Strict):
     colocate: Union[Literal["auto"], bool] = Field(
         "auto",
         description="a base model's learner and its rollout worker in one process, the weight sync in "
-        "memory (mas_lab/colocated.py): true, false (separate actors, weights through Ray's object "
+        "memory (mas_lab/actors/colocated.py): true, false (separate actors, weights through Ray's object "
         "store) or auto (true with one transformers rollout worker on the learner's kind of device)",
     )
     rollout_gpus: float = Field(
@@ -556,7 +556,7 @@ class TaskConfig(_Strict):
                 f"train.warmup_steps: environment '{self.env.name}' has no format demonstrations; "
                 "allowed: 0 (the move games plan_path and sokoban have them)"
             )
-        from mas_lab.models import check_model_name
+        from mas_lab.modeling.models import check_model_name
 
         for key, policy in self.policies.items():
             problem = check_model_name(policy.model)

@@ -30,7 +30,7 @@ def serve(uri: str, port: int, on_ready: Callable[[str], None], poll_s: float = 
     """Run `mlflow ui` on the tracking store `uri` at 127.0.0.1:`port` until it exits or this
     process gets SIGINT/SIGTERM; `on_ready(url)` is called once, when the server first answers.
     Returns the server's exit code (0 when interrupted)."""
-    from mas_lab.children import die_with_parent
+    from mas_lab.sandbox.children import die_with_parent
 
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1"]
     command += ["--port", str(port)]

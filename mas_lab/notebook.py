@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_lab.algo.groups import GroupStats
-from mas_lab.store import RunStore, StoreError
+from mas_lab.records.store import RunStore, StoreError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -121,7 +121,7 @@ class RunData:
     @functools.cached_property
     def candidates(self) -> "pd.DataFrame":
         """Training and evaluation candidates with the chat messages each policy saw (export's records)."""
-        from mas_lab.export import records
+        from mas_lab.analysis.export import records
 
         store = self._store()
         try:
@@ -147,7 +147,7 @@ def load_run(path: str | Path) -> RunData:
     """A run folder (runs/<run>, a sample run, a kept run with run.db.xz) as tables."""
     import yaml
 
-    from mas_lab.run_folder import run_folder
+    from mas_lab.records.run_folder import run_folder
 
     folder = Path(path)
     store_file = run_folder(folder) / "run.db"  # a kept run (run.db.xz) is unpacked once, into the cache
@@ -237,10 +237,10 @@ def final_outcomes(run: RunData) -> dict[str, bool]:
 
 def paired_runs(runs_a, runs_b):
     """Runs of one arm against runs of another on the same held-out problems, seed by seed
-    (mas_lab/paired.py): `runs_a` and `runs_b` are run folders or RunData, or lists of them in
+    (mas_lab/analysis/paired.py): `runs_a` and `runs_b` are run folders or RunData, or lists of them in
     the same seed order. Returns a `Verdict` (its `word`, `evidence()`, `as_dict()`); the final
     evaluations are paired on the problems both evaluated."""
-    from mas_lab.paired import compare_paired, on_common_problems
+    from mas_lab.analysis.paired import compare_paired, on_common_problems
 
     def listed(runs) -> list[RunData]:
         items = runs if isinstance(runs, (list, tuple)) else [runs]

@@ -29,12 +29,12 @@ from mas_lab.config import (
     swap_policies,
     task_to_yaml,
 )
-from mas_lab.control import acquire_lock, release_lock
-from mas_lab.progress import Progress, ProgressEvent
-from mas_lab.provenance import code_version
-from mas_lab.sandbox import SandboxUnavailable
-from mas_lab.store import RunStore, StoreError
-from mas_lab.tracking import Tracker, resolve_uri
+from mas_lab.records.control import acquire_lock, release_lock
+from mas_lab.records.provenance import code_version
+from mas_lab.records.store import RunStore, StoreError
+from mas_lab.records.tracking import Tracker, resolve_uri
+from mas_lab.sandbox.isolation import SandboxUnavailable
+from mas_lab.training.progress import Progress, ProgressEvent
 
 
 class RunError(Exception):
@@ -78,7 +78,7 @@ def check_problems(task: TaskConfig) -> None:
     """Whether the task's parameters can make its held-out set (and hard split) and one step of
     distinct training problems: checked before a run folder exists, so a task that cannot run
     leaves nothing behind."""
-    from mas_lab.baselines import task_pool
+    from mas_lab.training.baselines import task_pool
 
     try:
         pool = task_pool(task)
@@ -162,7 +162,7 @@ def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
     mas-lab can read, a sound checkpoint, a task that matches it, the MLflow run reachable, and a
     store that still holds every step the checkpoint recorded (a lost or corrupted WAL would have
     dropped some). Only then roll the store back to the checkpoint."""
-    from mas_lab import checkpoint
+    from mas_lab.records import checkpoint
 
     if not (run_dir / "run.db").is_file() or not (run_dir / "task.yaml").is_file():
         raise RunError(f"{run_dir}: not a run folder (needs run.db and task.yaml)")
@@ -266,7 +266,7 @@ def _lock(run_dir: Path) -> bool:
 
 def _check_cluster(task: TaskConfig) -> None:
     if task.resources.ray_address:
-        from mas_lab.backend import check_cluster
+        from mas_lab.actors.backend import check_cluster
 
         problem = check_cluster(task.resources.ray_address, task.resources.connect_timeout_s)
         if problem:
@@ -287,7 +287,7 @@ def train(
     """Start the actors, restore the checkpoint of a resume, train, and record how the run ended
     (store status and MLflow status) whatever happens. SIGINT / SIGTERM stop at the next step
     boundary with a checkpoint (`on_signal` is told); a second one aborts at once."""
-    from mas_lab.control import RunControl
+    from mas_lab.records.control import RunControl
 
     control = RunControl(run.store)
 
@@ -304,8 +304,8 @@ def train(
                 tell(ProgressEvent("starting actors and loading models", 0))
                 # imported here, inside the run's record: torch failing to load (under an
                 # address-space limit) marks the run failed with its reason, not "crashed"
-                from mas_lab.backend import Backend
-                from mas_lab.trainer import Trainer
+                from mas_lab.actors.backend import Backend
+                from mas_lab.training.trainer import Trainer
 
                 backend = None
                 backend = Backend(run.task, use_ray=use_ray)
@@ -364,7 +364,7 @@ def train(
 
 def _log_charts(run: Run) -> None:
     """The run's charts (`mas-lab plot`) as MLflow artifacts, so its UI shows them beside the metrics."""
-    from mas_lab.plots import plot_run
+    from mas_lab.analysis.plots import plot_run
 
     for path in plot_run(run.run_dir, run.run_dir / "plots"):
         run.tracker.client.log_artifact(run.tracker.run_id, str(path), "charts")
@@ -372,7 +372,7 @@ def _log_charts(run: Run) -> None:
 
 def _record_precision(run: Run, step: int, reports: dict[str, dict], tell) -> dict[str, str]:
     """Store each actor's resolved dtype (an event); where bf16 is emulated, say so to the user:
-    it is tens of times slower than float32 there (mas_lab/precision.py). Actor -> dtype."""
+    it is tens of times slower than float32 there (mas_lab/modeling/precision.py). Actor -> dtype."""
     run.store.event(step, "precision", "actor dtypes: " + json.dumps(reports))
     emulated = sorted(actor for actor, r in reports.items() if r["emulated_bf16"])
     if emulated:
@@ -420,7 +420,7 @@ def _dead_actor(exc: BaseException) -> str | None:
 def _back_to_last_checkpoint(run: Run, reason: str) -> Path:
     """After an actor died: drop the store's rows after the last checkpoint (MLflow has only steps
     up to it) and return that checkpoint, to restart the actors from it."""
-    from mas_lab import checkpoint
+    from mas_lab.records import checkpoint
 
     found = checkpoint.complete(run.run_dir)
     if not found:
@@ -461,7 +461,7 @@ def eval_task(task_file: Path, overrides: list[str], mode: str | None = None, sw
 
 def policy_folder(checkpoint_dir: Path, task: TaskConfig) -> Path:
     """The folder holding every policy of `task` in a checkpoint (or a folder of saved policies)."""
-    from mas_lab import checkpoint
+    from mas_lab.records import checkpoint
 
     if not checkpoint_dir.is_dir():
         raise RunError(f"{checkpoint_dir}: no such checkpoint folder")
@@ -487,8 +487,8 @@ def evaluate(
     use_ray: bool = True,
 ) -> tuple[Run, dict[str, float]]:
     """An evaluation run: its own run folder and MLflow run (tag mas_lab.kind=eval)."""
-    from mas_lab.backend import Backend
-    from mas_lab.trainer import Trainer
+    from mas_lab.actors.backend import Backend
+    from mas_lab.training.trainer import Trainer
 
     folder = policy_folder(checkpoint_dir, task) if checkpoint_dir is not None else None
     run = new_run(task, task_file)
@@ -547,7 +547,7 @@ def start_in_background(
 def find_run_folders(folder: Path, depth: int = 4) -> list[Path]:
     """The run folders (run.db or run.db.xz) at or under `folder`, down to `depth` levels, not
     looking inside a run folder (its checkpoints)."""
-    from mas_lab.run_folder import is_run_folder
+    from mas_lab.records.run_folder import is_run_folder
 
     if is_run_folder(folder):
         return [folder]
@@ -565,8 +565,8 @@ def list_runs(folder: Path) -> list[dict]:
     step / total, eval success first and last, started, MLflow run id."""
     import sqlite3
 
-    from mas_lab.control import RunControl
-    from mas_lab.run_folder import NotARunFolder, run_folder
+    from mas_lab.records.control import RunControl
+    from mas_lab.records.run_folder import NotARunFolder, run_folder
 
     rows: list[dict[str, Any]] = []
     for found in find_run_folders(Path(folder)):

@@ -81,7 +81,7 @@ def toy_run(tmp_path_factory):
 def isolation_for_tests():
     """The sandbox's isolation here; on a machine where bubblewrap does not work, the fallback is
     allowed (tests of what each isolation grants skip what it lacks, saying so)."""
-    from mas_lab import sandbox
+    from mas_lab.sandbox import isolation as sandbox
 
     try:
         return sandbox.capabilities()
@@ -166,7 +166,7 @@ def run_task(cwd: Path, task: str, *args: str, sets: tuple[str, ...] = ()):
     summary (the last line it printed) and its run store."""
     import json
 
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
     proc = subprocess.run(
         [

@@ -30,7 +30,7 @@ class FakeEngine:
 
 
 class FakeBackend:
-    """Records what each policy's learner receives; implements mas_lab.backend.PolicyBackend."""
+    """Records what each policy's learner receives; implements mas_lab.actors.backend.PolicyBackend."""
 
     def __init__(self, engine):
         self.generate = engine

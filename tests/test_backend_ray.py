@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from mas_lab.backend import Backend
+from mas_lab.actors.backend import Backend
 from mas_lab.config import load_task
 from mas_lab.learner.samples import Sample
 
@@ -83,8 +83,8 @@ def test_a_team_of_two_base_models_trains_on_ray_with_a_learner_per_model(tmp_pa
     import yaml
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from mas_lab import models
-    from mas_lab.store import RunStore
+    from mas_lab.modeling import models
+    from mas_lab.records.store import RunStore
 
     tiny = models.resolve("tiny-test")
     config = AutoConfig.from_pretrained(tiny)

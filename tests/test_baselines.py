@@ -1,10 +1,10 @@
-"""The constant-answer baseline (mas_lab/baselines.py) and its place in the run's verdict."""
+"""The constant-answer baseline (mas_lab/training/baselines.py) and its place in the run's verdict."""
 
-from mas_lab.baselines import best_constant, solves
+from mas_lab.analysis.reporting import verdict
 from mas_lab.envs.base import Problem
 from mas_lab.envs.plan_path import PlanPathEnv
 from mas_lab.envs.toy import ToyEnv
-from mas_lab.reporting import verdict
+from mas_lab.training.baselines import best_constant, solves
 
 
 def _problem(start, goal):
@@ -57,8 +57,8 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
     from fakes import FakeBackend, FakeEngine
 
     from mas_lab.config import load_task
-    from mas_lab.store import RunStore
-    from mas_lab.trainer import Trainer
+    from mas_lab.records.store import RunStore
+    from mas_lab.training.trainer import Trainer
 
     task = load_task(
         ROOT / "tasks" / "plan_path_learns.yaml", ["policies.shared.model=tiny-test", "train.eval_problems=32"]
@@ -112,7 +112,7 @@ def _plan_path(grid, start, goal):
 def test_the_reading_rules_on_hand_made_grids():
     """Rows first walks into the wall; either order goes round it by columns first; a wall that both
     straight ways meet needs a detour (the hard split), which only the optimum and stepping find."""
-    from mas_lab.baselines import MOVE_RULES, play_rule, rule_results
+    from mas_lab.training.baselines import MOVE_RULES, play_rule, rule_results
 
     rules = {r.name: r for r in MOVE_RULES.rules}
     env_cls, blocked_rows, params = _plan_path([".#.", "...", "..."], (0, 0), (1, 1))
@@ -132,9 +132,9 @@ def test_the_reading_rules_reproduce_the_issue_table_on_the_sample_runs_problems
     turn for two turns 45, as measured from the stores; one problem needs a detour."""
     from conftest import ROOT
 
-    from mas_lab.baselines import rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
+    from mas_lab.training.baselines import rule_results
 
     task = load_task(ROOT / "tasks" / "plan_path_learns.yaml")
     env_cls = ENVS["plan_path"]
@@ -151,9 +151,9 @@ def test_the_reading_rules_reproduce_the_issue_table_on_the_sample_runs_problems
 
 
 def test_the_sokoban_push_rule_solves_an_open_room_and_fails_round_a_wall():
-    from mas_lab.baselines import MOVE_RULES, play_rule
     from mas_lab.envs import SokobanEnv
     from mas_lab.envs.base import Problem
+    from mas_lab.training.baselines import MOVE_RULES, play_rule
 
     rules = {r.name: r for r in MOVE_RULES.rules}
     grid = ["######", "#....#", "#....#", "#....#", "#....#", "######"]
@@ -182,8 +182,8 @@ def test_an_evaluation_stores_the_reading_rules_and_the_hard_split(tmp_path):
     from fakes import FakeBackend, FakeEngine
 
     from mas_lab.config import load_task
-    from mas_lab.store import RunStore
-    from mas_lab.trainer import Trainer
+    from mas_lab.records.store import RunStore
+    from mas_lab.training.trainer import Trainer
 
     task = load_task(
         ROOT / "tasks" / "plan_path.yaml",
@@ -204,7 +204,7 @@ def test_an_evaluation_stores_the_reading_rules_and_the_hard_split(tmp_path):
         )
         / 16
     )
-    from mas_lab.evidence import run_evidence
+    from mas_lab.analysis.evidence import run_evidence
 
     evidence = run_evidence(trainer.task, trainer.store, 0, held=trainer.held_out)
     optimum = evidence["baselines"]["the BFS optimum"]
@@ -221,8 +221,8 @@ def test_the_single_candidate_rule_fills_forced_blanks_and_never_reads_the_solut
     """Sudoku's reading rule: blanks whose row, column and box leave one digit, again and again. It
     reads the puzzle as given (the observation), never the stored solution: with the solution
     replaced it answers the same, and played through the environment it solves what it fills."""
-    from mas_lab.baselines import SUDOKU_RULES, play_rule, rule_results, single_candidates
     from mas_lab.envs.sudoku import SudokuEnv
+    from mas_lab.training.baselines import SUDOKU_RULES, play_rule, rule_results, single_candidates
 
     puzzle = [row[:] for row in SOLVED_4X4]
     for r, c in [(0, 0), (0, 1), (1, 2), (2, 3), (3, 0), (3, 3)]:
@@ -248,10 +248,10 @@ def test_a_sudoku_evaluation_stores_the_single_candidate_rule_without_a_hard_spl
     from conftest import ROOT
     from fakes import FakeBackend, FakeEngine
 
+    from mas_lab.analysis.evidence import run_evidence
     from mas_lab.config import load_task
-    from mas_lab.evidence import run_evidence
-    from mas_lab.store import RunStore
-    from mas_lab.trainer import Trainer
+    from mas_lab.records.store import RunStore
+    from mas_lab.training.trainer import Trainer
 
     task = load_task(
         ROOT / "tasks" / "sudoku.yaml", ["policies.shared.model=tiny-test", "train.eval_problems=8", "train.steps=0"]
@@ -271,8 +271,8 @@ def test_a_sudoku_evaluation_stores_the_single_candidate_rule_without_a_hard_spl
 
 def test_the_run_verdict_follows_the_paired_tests():
     """Words come from the paired test on the same problems, never from overlapping intervals."""
-    from mas_lab.paired import compare_paired
-    from mas_lab.reporting import paired_verdict
+    from mas_lab.analysis.paired import compare_paired
+    from mas_lab.analysis.reporting import paired_verdict
 
     def outcomes(both, a_only, b_only, neither):
         return [True] * (both + a_only) + [False] * (b_only + neither), [True] * both + [False] * a_only + [

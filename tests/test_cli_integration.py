@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mas_lab.provenance import code_version
-from mas_lab.store import RunStore
+from mas_lab.records.provenance import code_version
+from mas_lab.records.store import RunStore
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 

@@ -183,8 +183,8 @@ def test_status_says_paused_and_a_second_pause_says_so(toy_run, tmp_path):
     from typer.testing import CliRunner
 
     from mas_lab.cli import app
-    from mas_lab.control import RunControl, acquire_lock, release_lock
-    from mas_lab.store import RunStore
+    from mas_lab.records.control import RunControl, acquire_lock, release_lock
+    from mas_lab.records.store import RunStore
 
     run_dir = tmp_path / "live"
     shutil.copytree(toy_run[1], run_dir)
@@ -264,7 +264,7 @@ def test_a_run_without_its_tracking_store_gets_one_rebuilt_from_the_run_store(to
     tables and the charts; nothing is written at the recorded path or into the run folder."""
     from mlflow.tracking import MlflowClient
 
-    from mas_lab.tracking import rebuild
+    from mas_lab.records.tracking import rebuild
 
     copied = tmp_path / "copied"
     shutil.copytree(toy_run[1], copied)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 BIN = Path(sys.executable).parent
 

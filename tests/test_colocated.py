@@ -1,4 +1,4 @@
-"""resources.colocate (mas_lab/colocated.py): a base's learner and rollout worker in one process
+"""resources.colocate (mas_lab/actors/colocated.py): a base's learner and rollout worker in one process
 sample exactly what separate actors sample, in float32 (shared tensors), bf16 (cast in place) and
 with LoRA adapters (adapter state in memory), and its weight sync costs (almost) nothing."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_task
 
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 
 def _run(tmp_path: Path, task: str, colocate: str, *extra: str, ray: bool = False) -> RunStore:

@@ -105,10 +105,10 @@ def test_gigpo_advantages_recomputed_from_a_real_runs_store(tmp_path):
     stored advantages."""
     from conftest import ROOT
 
-    from mas_lab.backend import Backend
+    from mas_lab.actors.backend import Backend
     from mas_lab.config import load_task
-    from mas_lab.store import RunStore
-    from mas_lab.trainer import Trainer
+    from mas_lab.records.store import RunStore
+    from mas_lab.training.trainer import Trainer
 
     overrides = ["algorithm.mode=mas_grpo", "algorithm.advantage=gigpo", "algorithm.step_gamma=0.8", "train.steps=1"]
     task = load_task(ROOT / "tasks" / "toy.yaml", overrides)
@@ -146,10 +146,10 @@ def test_a_run_stores_the_advantages_its_method_gives(tmp_path, method):
     method again, give the stored advantages (and, for dr_mas, its stored groups)."""
     from conftest import ROOT
 
-    from mas_lab.backend import Backend
+    from mas_lab.actors.backend import Backend
     from mas_lab.config import load_task
-    from mas_lab.store import RunStore
-    from mas_lab.trainer import Trainer
+    from mas_lab.records.store import RunStore
+    from mas_lab.training.trainer import Trainer
 
     task = load_task(ROOT / "tasks" / "toy.yaml", [f"algorithm.advantage={method}", "train.steps=1"])
     trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
@@ -188,8 +188,8 @@ def test_a_roles_own_k_sizes_its_groups_and_needs_tree_sampling(tmp_path):
 
     from mas_lab.config import TaskFileError, load_task
     from mas_lab.envs import ProblemPool, ToyEnv
-    from mas_lab.episodes import Episode, tree_rollout
-    from mas_lab.trainer import compute_advantages
+    from mas_lab.training.episodes import Episode, tree_rollout
+    from mas_lab.training.trainer import compute_advantages
 
     task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=4", "roles.0.k=2"])
     pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
@@ -220,7 +220,7 @@ def test_role_grad_norms_measure_each_roles_samples_alone():
     from mas_lab.config import Algorithm
     from mas_lab.learner.learner import Learner
     from mas_lab.learner.samples import Sample
-    from mas_lab.models import resolve
+    from mas_lab.modeling.models import resolve
 
     folder = resolve("tiny-test")
     samples = [Sample([1, 2, 3], [4, 5], 1.0 if i % 2 else -1.0, role="planner") for i in range(4)] + [
@@ -258,8 +258,8 @@ def test_counterfactual_credit_by_hand_on_the_toy_tree():
 
     from mas_lab.config import load_task
     from mas_lab.envs import ProblemPool, ToyEnv
-    from mas_lab.episodes import Episode, tree_rollout
-    from mas_lab.trainer import compute_advantages
+    from mas_lab.training.episodes import Episode, tree_rollout
+    from mas_lab.training.trainer import compute_advantages
 
     task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=2", "algorithm.advantage=counterfactual"])
     pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
@@ -286,7 +286,7 @@ def test_counterfactual_continuations_never_change_the_sampled_tree():
 
     from mas_lab.config import load_task
     from mas_lab.envs import ProblemPool, ToyEnv
-    from mas_lab.episodes import Episode, tree_rollout
+    from mas_lab.training.episodes import Episode, tree_rollout
 
     def rollout(method):
         task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=3", f"algorithm.advantage={method}"])
@@ -366,7 +366,7 @@ def test_counterfactual_outcome_credit_is_the_continued_outcome_alone():
 
     from mas_lab.config import load_task
     from mas_lab.envs import ProblemPool, ToyEnv
-    from mas_lab.episodes import Episode, tree_rollout
+    from mas_lab.training.episodes import Episode, tree_rollout
 
     def credits(extra):
         task = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.k=2", "algorithm.advantage=counterfactual", *extra])

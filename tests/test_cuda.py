@@ -14,11 +14,11 @@ from conftest import ROOT
 from test_curriculum import _record, _run
 from test_learning import engine_of, learner_of, same, two_policy_task
 
-from mas_lab.backend import Backend
+from mas_lab.actors.backend import Backend
 from mas_lab.config import Algorithm, Sampling, TaskConfig, load_task
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]

@@ -7,10 +7,10 @@ import shutil
 import pytest
 from conftest import ROOT
 
-from mas_lab.backend import Backend
+from mas_lab.actors.backend import Backend
 from mas_lab.config import TaskFileError, load_task
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer
+from mas_lab.records.store import RunStore
+from mas_lab.training.trainer import Trainer
 
 # stage 0: every episode counts as solved (threshold 0), so it is left after its 2 minimum steps
 CURRICULUM = [

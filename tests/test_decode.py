@@ -3,7 +3,7 @@
 import torch
 
 from mas_lab.config import Sampling
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout import decode
 from mas_lab.rollout.engine import HFEngine
 

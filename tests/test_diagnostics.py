@@ -3,7 +3,7 @@
 import pytest
 
 from mas_lab.algo import Candidate, build_groups, grpo_advantages
-from mas_lab.diagnostics import diagnostics
+from mas_lab.training.diagnostics import diagnostics
 
 
 def candidate(index, turn, team, length, truncated=False, entropy=1.0, role="planner"):

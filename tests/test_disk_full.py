@@ -96,7 +96,7 @@ def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_resume_says_why(
     assert result.exit_code == 1 and "is the disk full?" in result.output, result.output
     assert "writing the policy files" in result.output and "Traceback" not in result.output
     monkeypatch.undo()
-    from mas_lab.control import release_lock
+    from mas_lab.records.control import release_lock
 
     release_lock(tmp_path / "runs" / "r")  # as the CLI's process would, exiting
     state = json.loads(
@@ -115,7 +115,8 @@ def test_a_run_folder_without_write_access_is_one_line(toy_run, tmp_path, monkey
     """A read-only run folder raised from run.lock; it is a RunError naming the folder now."""
     import shutil
 
-    from mas_lab import control, runs
+    from mas_lab import runs
+    from mas_lab.records import control
 
     run_dir = tmp_path / "ro"
     shutil.copytree(toy_run[1], run_dir)

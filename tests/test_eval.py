@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 

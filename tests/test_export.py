@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 
@@ -94,7 +94,7 @@ def test_a_lora_policy_exports_merged_or_as_an_adapter_with_the_same_outputs(lor
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from mas_lab.models import resolve
+    from mas_lab.modeling.models import resolve
 
     cwd, run_dir = lora_run
     checkpoint = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
@@ -191,7 +191,7 @@ def test_export_policy_refuses_a_damaged_checkpoint_or_a_bad_output_in_one_line(
     plugin's task, its own folder or an existing file as output gave tracebacks."""
     import shutil
 
-    from mas_lab.export import ExportError, export_policy
+    from mas_lab.analysis.export import ExportError, export_policy
 
     _, found = runs
     checkpoint = tmp_path / "ckpt"

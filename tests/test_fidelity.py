@@ -6,7 +6,7 @@ from mas_lab.config import Algorithm, Sampling
 from mas_lab.envs.games import extract_code
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine, stop_ids
 
 PROMPTS = [
@@ -191,7 +191,7 @@ def _prefilled_tokens(model) -> list[int]:
 
 
 def test_a_shared_prefix_is_prefilled_once_and_samples_the_same_tokens(monkeypatch):
-    from mas_lab import prefill
+    from mas_lab.modeling import prefill
 
     folder = resolve("tiny-test")
     engine = HFEngine(folder, threads=1)

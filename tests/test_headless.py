@@ -28,7 +28,7 @@ def test_importing_every_core_module_loads_no_textual():
 def test_the_fake_backend_implements_the_backend_interface():
     from fakes import FakeBackend, FakeEngine
 
-    from mas_lab.backend import Backend, PolicyBackend
+    from mas_lab.actors.backend import Backend, PolicyBackend
 
     assert isinstance(FakeBackend(FakeEngine()), PolicyBackend)
     assert all(

@@ -6,9 +6,9 @@ from fakes import FakeBackend, FakeEngine
 
 from mas_lab.config import TaskConfig, load_task
 from mas_lab.envs import ProblemPool, ToyEnv
-from mas_lab.episodes import Episode, tree_rollout
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer, compute_advantages
+from mas_lab.records.store import RunStore
+from mas_lab.training.episodes import Episode, tree_rollout
+from mas_lab.training.trainer import Trainer, compute_advantages
 
 
 def rollout(task, engine, problems=3):

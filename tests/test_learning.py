@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import ROOT
 
-from mas_lab.backend import Backend
+from mas_lab.actors.backend import Backend
 from mas_lab.config import TaskConfig, load_task
 from mas_lab.learner.samples import Sample
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer
+from mas_lab.records.store import RunStore
+from mas_lab.training.trainer import Trainer
 
 
 @pytest.mark.slow
@@ -37,7 +37,7 @@ def two_policy_task(lora: bool) -> TaskConfig:
 
 
 def learner_of(actor):
-    """The Learner in an in-process actor (a colocated base's actor holds it: mas_lab/colocated.py)."""
+    """The Learner in an in-process actor (a colocated base's actor holds it: mas_lab/actors/colocated.py)."""
     return getattr(actor, "learner", actor)
 
 
@@ -134,7 +134,7 @@ def test_the_warm_up_comes_before_the_first_evaluation_and_is_not_the_kl_referen
 def _demo_tokens(env, rng):
     from transformers import AutoTokenizer
 
-    from mas_lab.models import resolve
+    from mas_lab.modeling.models import resolve
     from mas_lab.rollout.engine import encode_chat
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-test"))
@@ -160,7 +160,7 @@ def test_a_program_then_answer_agent_warms_up_on_one_demonstration_of_each_kind(
         assert len(samples) == 6 and all(s.demonstration for s in samples), task_file
     from transformers import AutoTokenizer
 
-    from mas_lab.models import resolve
+    from mas_lab.modeling.models import resolve
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-test"))
     texts = [tokenizer.decode(s.response_ids) for s in samples]

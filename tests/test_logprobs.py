@@ -52,7 +52,7 @@ def test_a_learner_with_chunked_logprobs_makes_the_same_update():
     from mas_lab.config import Algorithm
     from mas_lab.learner.learner import Learner
     from mas_lab.learner.samples import Sample
-    from mas_lab.models import resolve
+    from mas_lab.modeling.models import resolve
 
     folder = resolve("tiny-test")
     samples = [Sample([1, 2, 3 + i % 2], [4, 5, 6 + i][: 1 + i % 3], 1.0 if i % 2 else -0.5, 0.8) for i in range(6)]

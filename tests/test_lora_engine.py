@@ -3,11 +3,11 @@
 
 import torch
 
-from mas_lab import lora
 from mas_lab.config import Algorithm, Lora, Sampling
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
-from mas_lab.models import resolve
+from mas_lab.modeling import lora
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import HFEngine
 
 PROMPTS = [

@@ -12,7 +12,7 @@ from mas_lab.envs.base import Problem
 from mas_lab.envs.code_task import golden_verdict, split_tests
 from mas_lab.envs.datasets import code_problems, last_boxed, math_problems
 from mas_lab.envs.math_grading import grade
-from mas_lab.episodes import Episode, tree_rollout
+from mas_lab.training.episodes import Episode, tree_rollout
 
 # MBPP's task 927 needs tree objects that its test_setup_code does not define in this package
 KNOWN_BROKEN = {("mbpp", 356)}
@@ -148,7 +148,7 @@ def test_the_team_reward_is_the_live_states_after_a_parallel_turn(tmp_path):
     """Math, one turn: the reasoner answers right, the tool's program prints a wrong number. The
     live state takes both actions (the reasoner's answer is the team's) and succeeds; the metric
     read the last agent's branch, which holds only the tool's answer, and said 0.0."""
-    from mas_lab.reporting import reward_metrics
+    from mas_lab.analysis.reporting import reward_metrics
 
     data = tmp_path / "one.jsonl"
     data.write_text("\n".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) for i in range(30)))

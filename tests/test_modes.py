@@ -4,10 +4,10 @@ import pytest
 from conftest import ROOT
 from fakes import FakeBackend, FakeEngine
 
+from mas_lab.analysis.reporting import wilson_interval
 from mas_lab.config import TaskConfig, as_mode, load_task, swap_policies
-from mas_lab.reporting import wilson_interval
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer
+from mas_lab.records.store import RunStore
+from mas_lab.training.trainer import Trainer
 
 
 # row-dependent answers, so the K trajectories of one problem differ

@@ -1,8 +1,8 @@
-"""Paired comparisons on outcome lists whose answer is known by hand (mas_lab/paired.py)."""
+"""Paired comparisons on outcome lists whose answer is known by hand (mas_lab/analysis/paired.py)."""
 
 import pytest
 
-from mas_lab.paired import compare_paired, diff_interval, paired, sentence
+from mas_lab.analysis.paired import compare_paired, diff_interval, paired, sentence
 
 
 def outcomes(both: int, a_only: int, b_only: int, neither: int) -> tuple[list[bool], list[bool]]:

@@ -1,10 +1,10 @@
-"""The chart definitions shared by `mas-lab plot` and the live screen (mas_lab/plots.py)."""
+"""The chart definitions shared by `mas-lab plot` and the live screen (mas_lab/analysis/plots.py)."""
 
 import pytest
 
-from mas_lab.metric_names import TIME_SPLIT
-from mas_lab.plots import axis_groups, panel_series
-from mas_lab.store import RunStore
+from mas_lab.analysis.plots import axis_groups, panel_series
+from mas_lab.records.store import RunStore
+from mas_lab.training.metric_names import TIME_SPLIT
 
 
 def test_one_long_step_does_not_flatten_the_time_split(tmp_path):

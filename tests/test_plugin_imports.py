@@ -77,7 +77,7 @@ def test_an_observation_that_is_not_text_or_too_long_stops_with_the_env_and_the_
 
 def test_source_with_a_nul_byte_is_an_error_not_ok():
     """Python stopped reading at the NUL: the code after it never ran and the run said `ok`."""
-    from mas_lab.sandbox import run_python
+    from mas_lab.sandbox.isolation import run_python
 
     result = run_python("print(1)\0\nraise SystemExit(3)")
     assert result.status == "error" and "NUL byte" in result.stderr and not result.ok
@@ -91,12 +91,12 @@ def test_a_prompt_longer_than_the_models_context_stops_with_the_env_and_the_role
 
     from fakes import FakeEngine
 
-    from mas_lab import models
     from mas_lab.config import load_task
     from mas_lab.envs import ProblemPool, ToyEnv
     from mas_lab.envs.base import EnvError
-    from mas_lab.episodes import Episode, tree_rollout
+    from mas_lab.modeling import models
     from mas_lab.rollout.engine import Generation
+    from mas_lab.training.episodes import Episode, tree_rollout
 
     models.resolve("tiny-test")
     assert models.context_length("tiny-test") == 2048

@@ -98,8 +98,8 @@ def test_reasoning_gym_families_score_their_own_answers(dataset):
 
 
 def test_the_reasoning_gym_constant_baseline_is_small():
-    from mas_lab.baselines import best_constant
     from mas_lab.envs import ProblemPool, ReasoningGymEnv
+    from mas_lab.training.baselines import best_constant
 
     params = ReasoningGymEnv.Params(dataset="maze")
     pool = ProblemPool(ReasoningGymEnv, params, 0, 32)

@@ -1,4 +1,4 @@
-"""dtype auto: bfloat16 only where the device computes it natively (mas_lab/precision.py). On a CPU
+"""dtype auto: bfloat16 only where the device computes it natively (mas_lab/modeling/precision.py). On a CPU
 without avx512_bf16 / amx_bf16 / bf16, torch emulates bf16 products tens of times slower than
 float32, so the shipped tasks ask for auto and a run that asks for bf16 there says so."""
 
@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import ROOT
 
-from mas_lab import precision, runs
+from mas_lab import runs
 from mas_lab.config import load_task
 from mas_lab.learner.learner import Learner
-from mas_lab.models import resolve as model_folder
+from mas_lab.modeling import precision
+from mas_lab.modeling.models import resolve as model_folder
 from mas_lab.rollout.engine import HFEngine
 
 NO_BF16 = frozenset({"fpu", "sse2", "avx2", "fma"})  # an AMD EPYC Zen 3: no AVX-512 at all
@@ -126,7 +127,7 @@ def test_no_shipped_task_asks_for_bfloat16_outright():
 def test_a_run_warns_where_float32_was_asked_on_a_cpu_with_native_bf16(tmp_path):
     """A setting that wastes a CPU: float32 where bf16 is native (about twice the step time)."""
     from mas_lab import runs
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
     class Opened:
         store = RunStore(tmp_path / "run.db")

@@ -1,10 +1,10 @@
-"""Which code made a run (mas_lab/provenance.py): the fingerprint, its record in a run's store and
+"""Which code made a run (mas_lab/records/provenance.py): the fingerprint, its record in a run's store and
 summary, and a resume with other code recorded and said."""
 
 import shutil
 
-from mas_lab.provenance import code_version, fingerprint
-from mas_lab.store import RunStore
+from mas_lab.records.provenance import code_version, fingerprint
+from mas_lab.records.store import RunStore
 
 
 def test_the_fingerprint_follows_every_byte_and_path_but_not_compiled_caches(tmp_path):
@@ -34,7 +34,8 @@ def test_a_run_records_the_code_that_made_it_in_its_store_and_summary(toy_run):
 
 
 def test_a_run_resumed_with_other_code_records_both_and_says_so(toy_run, tmp_path, monkeypatch):
-    from mas_lab import control, runs
+    from mas_lab import runs
+    from mas_lab.records import control
 
     run_dir = tmp_path / "r"
     shutil.copytree(toy_run[1], run_dir)

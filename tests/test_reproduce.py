@@ -108,8 +108,8 @@ def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     K, warm-up and evaluation (the paper's comparison at one budget)."""
     from conftest import ROOT
 
-    from mas_lab.baselines import answer_turns
     from mas_lab.config import load_task
+    from mas_lab.training.baselines import answer_turns
 
     reproduce = _reproduce_module()
     assert set(reproduce.FAMILIES) >= {"plan_path", "sokoban"}

@@ -15,8 +15,8 @@ import torch
 from conftest import ROOT, wait_for
 from safetensors.torch import load_file
 
-from mas_lab.control import RunControl
-from mas_lab.store import RunStore
+from mas_lab.records.control import RunControl
+from mas_lab.records.store import RunStore
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TOY = str(ROOT / "tasks" / "toy.yaml")

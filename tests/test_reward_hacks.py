@@ -15,7 +15,7 @@ from mas_lab.envs.math_grading import grade
 from mas_lab.envs.math_task import MathEnv
 from mas_lab.envs.plan_path import PlanPathEnv, shortest_path
 from mas_lab.envs.sokoban import SokobanEnv
-from mas_lab.episodes import Episode, tree_rollout
+from mas_lab.training.episodes import Episode, tree_rollout
 
 RECORD = code_problems("mbpp")[0]  # remove_Occ(s, ch)
 
@@ -181,7 +181,7 @@ def test_no_constant_answer_solves_much_of_the_held_out_set(task_file, env_cls, 
     where a push stays done while the player walks on) of a learns task's held-out set (Plan-Path's
     was 20/64 when a plan could stop at G or at the border; Sokoban's 14/32 of the one-push
     problems when a plan stopped once solved)."""
-    from mas_lab.baselines import task_baseline
+    from mas_lab.training.baselines import task_baseline
 
     task = load_task(ROOT / "tasks" / f"{task_file}.yaml")
     pool = ProblemPool(env_cls, task.env.params, task.train.seed, 64)

@@ -3,7 +3,7 @@
 import pytest
 from conftest import ROOT
 
-from mas_lab.backend import Backend
+from mas_lab.actors.backend import Backend
 from mas_lab.config import load_task
 from mas_lab.learner.samples import Sample
 
@@ -65,8 +65,8 @@ def test_two_ray_workers_both_receive_every_weight_sync():
 
 
 def test_every_candidate_carries_the_weight_version_that_generated_it(tmp_path):
-    from mas_lab.store import RunStore
-    from mas_lab.trainer import Trainer
+    from mas_lab.records.store import RunStore
+    from mas_lab.training.trainer import Trainer
 
     task = toy(2)
     backend = Backend(task, use_ray=False)

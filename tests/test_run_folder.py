@@ -1,4 +1,4 @@
-"""One loader for every run folder (mas_lab/run_folder.py): a study's kept run (run.db.xz +
+"""One loader for every run folder (mas_lab/records/run_folder.py): a study's kept run (run.db.xz +
 task.yaml + summary.json) opens in replay, plot, runs, export and the notebook API like a live
 run folder does; what is not a run folder gets one line saying what it is."""
 
@@ -75,8 +75,8 @@ def test_load_study_refuses_what_is_not_a_folder_of_runs(tmp_path):
 def test_status_of_a_run_whose_process_is_gone_says_its_actors_are_gone(tmp_path):
     """A Ray run's last heartbeat said `actors_alive: true`; once its process exited, status must not
     repeat it (the actors ended with the run)."""
-    from mas_lab.control import RunControl
-    from mas_lab.store import RunStore
+    from mas_lab.records.control import RunControl
+    from mas_lab.records.store import RunStore
 
     store = RunStore(tmp_path / "run.db")
     store.set_meta(status="stopped", state={"step": 3, "actors_alive": True, "pid": 1})
@@ -88,7 +88,7 @@ def test_status_of_a_run_whose_process_is_gone_says_its_actors_are_gone(tmp_path
 def test_compare_shows_what_each_update_did_and_pairs_the_runs(toy_run, tmp_path):
     """The claims issue: the clip's binding share per run beside the paired verdicts (runs of one
     seed, on the same held-out problems)."""
-    from mas_lab.compare import compare
+    from mas_lab.analysis.compare import compare
 
     text = compare([toy_run[1], ROOT / "sample_runs" / "toy"], tmp_path / "out").read_text()
     assert "What the updates did:" in text and "| shared |" in text
@@ -96,7 +96,7 @@ def test_compare_shows_what_each_update_did_and_pairs_the_runs(toy_run, tmp_path
 
 
 def test_an_evaluation_candidate_has_no_advantage_and_counts_read_right():
-    from mas_lab.episode_text import candidate_headline, count
+    from mas_lab.records.episode_text import candidate_headline, count
 
     c = {"components": {"x": 1.0}, "reward": 1.0, "team": 1.0, "local": 0.0, "advantage": 0.0, "response_tokens": 3}
     assert "no advantage (evaluation)" in candidate_headline(c, "eval") and "+0.000" not in candidate_headline(
@@ -140,7 +140,7 @@ def test_export_never_writes_over_the_runs_own_store(tmp_path):
 
 def test_an_export_that_fails_midway_leaves_no_partial_file(tmp_path, monkeypatch):
     """A full disk once left a partial file that blocked the retry (it 'exists')."""
-    from mas_lab import export
+    from mas_lab.analysis import export
 
     def full(rows, output, batch=5000):
         Path(output).write_bytes(b"half")
@@ -170,7 +170,7 @@ def _damaged_copy(tmp_path, how):
 @pytest.mark.parametrize("how", ["truncated", "zeroed page", "text"])
 def test_a_damaged_store_is_refused_by_load_run_and_named_by_compare_and_load_study(tmp_path, how):
     import mas_lab
-    from mas_lab.store import StoreError
+    from mas_lab.records.store import StoreError
 
     run = _damaged_copy(tmp_path, how)
     with pytest.raises(StoreError):
@@ -189,7 +189,7 @@ def test_a_damaged_store_is_refused_by_load_run_and_named_by_compare_and_load_st
 def test_compares_band_treats_runs_not_episodes_as_the_unit():
     """Three runs at 0.688, 0.703 and 0.156 were drawn with a pooled Wilson band of +-0.07: the
     band across seeds is a t-interval over the runs, wide where they disagree."""
-    from mas_lab.compare import _band_by_step, gather
+    from mas_lab.analysis.compare import _band_by_step, gather
 
     runs = gather(
         [ROOT / "sample_runs" / n for n in ("plan_path_learns_smollm2", "plan_path_constant_answer_smollm2")],

@@ -9,7 +9,7 @@ import threading
 import pytest
 from conftest import isolation_for_tests
 
-from mas_lab.sandbox import Limits, SandboxPool, run_many, run_python
+from mas_lab.sandbox.isolation import Limits, SandboxPool, run_many, run_python
 
 ISOLATION = isolation_for_tests()
 needs_user = pytest.mark.skipif(ISOLATION.user is None, reason="not root: cannot drop to an unprivileged user")
@@ -96,7 +96,7 @@ def test_memory_bomb_reports_memory():
 
 
 needs_cgroup = pytest.mark.skipif(
-    __import__("mas_lab.memcap", fromlist=["available"]).available() is None,
+    __import__("mas_lab.sandbox.memcap", fromlist=["available"]).available() is None,
     reason="this machine does not let mas-lab make memory cgroups",
 )
 FORKED_MEMORY = """
@@ -143,7 +143,7 @@ def test_no_process_of_a_slots_uid_runs_when_the_slot_is_given_back(monkeypatch)
     """After an inode flood killed at its cap, a process of the slot's uid was still running when
     the slot was released, about 1 time in 3 (tearing down a tmpfs of many inodes takes ~0.5 s).
     The slot is cleared first: at release nothing of its uid runs (a zombie runs nothing)."""
-    from mas_lab import sandbox
+    from mas_lab.sandbox import isolation as sandbox
 
     claimed, running_at_release = [], []
     claim, release = sandbox._claim_slot, sandbox._release_slot
@@ -168,7 +168,7 @@ def test_no_process_of_a_slots_uid_runs_when_the_slot_is_given_back(monkeypatch)
 
 @needs_cgroup
 def test_a_programs_cgroup_is_removed_after_it():
-    from mas_lab import memcap
+    from mas_lab.sandbox import memcap
 
     parent, _ = memcap.available()
 

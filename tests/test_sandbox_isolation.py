@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import isolation_for_tests
 
-from mas_lab.sandbox import Isolation, Limits, run_python
+from mas_lab.sandbox.isolation import Isolation, Limits, run_python
 
 ISOLATION = isolation_for_tests()
 pytestmark = pytest.mark.skipif(ISOLATION.kind != "bubblewrap", reason=f"needs bubblewrap: {ISOLATION.describe()}")
@@ -159,7 +159,7 @@ def test_a_daemon_holding_the_pipes_does_not_hold_the_run():
 
 def test_machinery_failures_become_statuses_not_exceptions():
     broken = Isolation("bubblewrap", True, ISOLATION.user, ISOLATION.interpreter, "/nonexistent/bwrap")
-    from mas_lab.sandbox import _run
+    from mas_lab.sandbox.isolation import _run
 
     result = _run("print(1)", Limits(), broken)
     assert result.status == "sandbox_error" and "FileNotFoundError" in result.stderr

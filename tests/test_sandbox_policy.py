@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from mas_lab import sandbox
-from mas_lab.sandbox import Limits, run_python
+from mas_lab.sandbox import isolation as sandbox
+from mas_lab.sandbox.isolation import Limits, run_python
 
 needs_bwrap = pytest.mark.skipif(sandbox._bwrap_binary() is None, reason="no bwrap binary")
 
@@ -100,7 +100,7 @@ def test_slots_are_unique_across_processes():
             [
                 sys.executable,
                 "-c",
-                "from mas_lab import sandbox\nslots = [sandbox._claim_slot(5)[0] for _ in range(3)]\n"
+                "from mas_lab.sandbox import isolation\nslots = [isolation._claim_slot(5)[0] for _ in range(3)]\n"
                 "print(' '.join(map(str, slots)))",
             ],
             capture_output=True,
@@ -122,7 +122,7 @@ def test_a_reaper_never_takes_the_exit_status_of_a_concurrent_run():
         import ctypes
         from concurrent.futures import ThreadPoolExecutor
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-        from mas_lab.sandbox import run_python
+        from mas_lab.sandbox.isolation import run_python
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda _: run_python("import sys; sys.exit(3)"), range(200)))
         print(sorted({(r.status, r.returncode) for r in results}))
@@ -160,7 +160,7 @@ def test_orphaned_namespace_inits_are_reaped_where_we_are_their_parent(tmp_path)
     script = textwrap.dedent("""
         import ctypes, os
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-        from mas_lab.sandbox import run_python
+        from mas_lab.sandbox.isolation import run_python
         for _ in range(40):
             assert run_python("print(1)").ok
         zombies = []

@@ -10,8 +10,8 @@ from mas_lab.algo.credit import assign_advantages
 from mas_lab.algo.filters import filter_groups
 from mas_lab.algo.groups import Candidate, group_stats
 from mas_lab.config import load_task
-from mas_lab.store import RunStore
-from mas_lab.trainer import Trainer
+from mas_lab.records.store import RunStore
+from mas_lab.training.trainer import Trainer
 
 NOISE = [0.1 + 0.2 + 0.3, 0.3 + 0.2 + 0.1, 0.6]  # 0.6000000000000001, 0.6, 0.6: one sum in two orders
 
@@ -70,7 +70,7 @@ def test_a_policy_with_fewer_samples_than_min_samples_is_not_updated(tmp_path):
 
 def test_a_first_step_whose_groups_all_tie_is_announced(tmp_path):
     """A task with no signal at step 1 spent minutes a step training nothing, without a word."""
-    from mas_lab.backend import Backend
+    from mas_lab.actors.backend import Backend
 
     task = load_task(
         ROOT / "tasks" / "toy.yaml",

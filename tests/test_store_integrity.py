@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, wait_for
 
-from mas_lab.control import RunControl
-from mas_lab.store import RunStore, StoreError
+from mas_lab.records.control import RunControl
+from mas_lab.records.store import RunStore, StoreError
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TOY = str(ROOT / "tasks" / "toy.yaml")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mas_lab.store import SCHEMA_VERSION, RunStore
+from mas_lab.records.store import SCHEMA_VERSION, RunStore
 
 SAMPLES = sorted(p.parent for p in (ROOT / "sample_runs").glob("*/run.db"))
 
@@ -26,9 +26,9 @@ def test_the_sample_runs_cover_every_past_schema_version():
 @pytest.mark.parametrize("run_dir", SAMPLES, ids=[p.name for p in SAMPLES])
 def test_every_reader_opens_a_store_of_every_schema_version(run_dir):
     import mas_lab
-    from mas_lab.episode_text import format_episode
-    from mas_lab.export import records
-    from mas_lab.plots import panel_series
+    from mas_lab.analysis.export import records
+    from mas_lab.analysis.plots import panel_series
+    from mas_lab.records.episode_text import format_episode
 
     before = hashlib.sha256((run_dir / "run.db").read_bytes()).hexdigest()
     run = mas_lab.load_run(run_dir)

@@ -198,7 +198,7 @@ def test_a_study_on_a_two_node_cluster_runs_two_runs_at_once_and_survives_a_driv
 
 
 def _held(run_dir: Path) -> bool:
-    from mas_lab.control import lock_held
+    from mas_lab.records.control import lock_held
 
     return lock_held(run_dir)
 
@@ -209,7 +209,7 @@ def test_status_tells_running_interrupted_and_started_runs_apart(tmp_path, toy_r
     process holds its lock it runs; its step and last held-out success come from its store."""
     import shutil
 
-    from mas_lab.control import acquire_lock, release_lock
+    from mas_lab.records.control import acquire_lock, release_lock
     from mas_lab.study.families import slug
 
     families = load_study(_toy_study(tmp_path, seeds=[0]))
@@ -234,7 +234,7 @@ def test_the_study_screen_lists_cells_opens_a_run_and_compares_a_task(tmp_path, 
     """Pilot on a study whose seed-0 MAS cell holds a copy of a finished toy run: the table shows
     every cell live from the folders, enter on a pending cell says there is no run, enter on the
     finished one exits with its run folder (the CLI then opens the dashboard on it), and c shows the
-    task's comparison (the pooled table from mas_lab.compare) with its PNGs written."""
+    task's comparison (the pooled table from mas_lab.analysis.compare) with its PNGs written."""
     import asyncio
     import shutil
 
@@ -283,7 +283,7 @@ def test_the_study_screen_lists_cells_opens_a_run_and_compares_a_task(tmp_path, 
 def test_a_kept_cell_opens_from_its_unpacked_store(tmp_path, toy_run, monkeypatch):
     """A run kept only in the archive (run.db.xz, as results/ ships them) opens as a run folder
     unpacked once into the cache; its status row reads the kept summary."""
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
     from mas_lab.study.driver import cell_run_folder
     from mas_lab.study.runner import keep
 
@@ -312,7 +312,7 @@ def test_gradient_norm_spikes_are_counted_per_regime_from_the_kept_stores(tmp_pa
     the spike steps and at the others are told apart."""
     import lzma
 
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
     from mas_lab.study.report import grad_spikes
 
     def kept(name, norms):

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from mas_lab.config import load_task
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TINY = sorted(p.name for p in (ROOT / "tasks").glob("*_tiny.yaml"))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from conftest import ROOT
 
 from mas_lab.algo import Candidate
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 sys.path.insert(0, str(ROOT / "tools"))
 from tool_use import summarise  # noqa: E402

@@ -12,7 +12,7 @@ from conftest import ROOT
 STARTER = """
 import sys
 from pathlib import Path
-from mas_lab.tracking import Tracker
+from mas_lab.records.tracking import Tracker
 tracker = Tracker(sys.argv[1], "race", sys.argv[2])
 tracker.log_metrics(1, {"x": 1.0})
 tracker.finish()
@@ -94,7 +94,7 @@ def test_a_run_of_hundreds_of_steps_finishes_and_resumes_past_them(tmp_path):
 def test_a_run_whose_table_tag_an_older_version_let_overflow_logs_again(tmp_path):
     """A run logged by an older mas-lab (a table per step) holds the tag cut mid-JSON: resuming it
     must log its tables, not fail to parse the cut tag."""
-    from mas_lab.tracking import Tracker
+    from mas_lab.records.tracking import Tracker
 
     class OneStep:
         def candidate_records(self, kind, first, last, chosen_only=False):

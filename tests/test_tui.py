@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT
 
 from mas_lab import runs
-from mas_lab.control import RunControl
-from mas_lab.store import RunStore
+from mas_lab.records.control import RunControl
+from mas_lab.records.store import RunStore
 from tui.app import MasLabApp
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
@@ -404,7 +404,7 @@ def test_the_event_log_wraps_at_the_pane_and_never_cuts_a_number():
     so "nll/shared 0.466" showed as "nll/shared 0.4". Every stored number must appear whole."""
     from textual.widgets import RichLog
 
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
     run = ROOT / "sample_runs" / "plan_path_learns_smollm2"
 

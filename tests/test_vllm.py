@@ -21,10 +21,10 @@ from conftest import ROOT  # noqa: E402
 from mas_lab.config import Lora, Sampling, Vllm  # noqa: E402
 from mas_lab.learner.learner import Learner  # noqa: E402
 from mas_lab.learner.samples import Sample  # noqa: E402
-from mas_lab.models import resolve  # noqa: E402
+from mas_lab.modeling.models import resolve  # noqa: E402
+from mas_lab.records.store import RunStore  # noqa: E402
 from mas_lab.rollout.engine import HFEngine  # noqa: E402
 from mas_lab.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from mas_lab.store import RunStore  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 OPTIONS = Vllm(max_model_len=1024, kv_cache_gb=1.0)
@@ -156,7 +156,7 @@ def lora_engine(folder):
 def test_lora_sync_per_policy_with_a_fresh_adapter_per_version(lora_engine, folder):
     from transformers import AutoModelForCausalLM
 
-    from mas_lab import lora
+    from mas_lab.modeling import lora
 
     engine, adapters = lora_engine
     model = lora.attach(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), adapters)

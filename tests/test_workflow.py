@@ -12,8 +12,8 @@ from fakes import FakeEngine
 
 from mas_lab.config import TaskFileError, load_task
 from mas_lab.envs import ENVS, PlanPathEnv, ProblemPool
-from mas_lab.episodes import Episode, tree_rollout
-from mas_lab.trainer import compute_advantages
+from mas_lab.training.episodes import Episode, tree_rollout
+from mas_lab.training.trainer import compute_advantages
 
 REPLIES = [
     "```python\nprint(['R', 'D'])\n```",
@@ -199,7 +199,7 @@ def test_a_single_agent_with_the_tool_writes_a_program_then_answers_from_its_out
     as the planner's does. Its rules and hard split play its two answer turns: the team's problems."""
     import random
 
-    from mas_lab.baselines import answer_turns, task_pool
+    from mas_lab.training.baselines import answer_turns, task_pool
 
     overrides = ["policies.shared.model=tiny-test", "train.warmup_steps=0"]
     task = load_task(ROOT / "tasks" / "plan_path_tool_single_tool.yaml", overrides)

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from mas_lab.envs.plan_path import parse_answer_moves
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 
 def toward(problem: dict) -> set[str]:

@@ -10,8 +10,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
-from mas_lab.control import RunControl
-from mas_lab.store import RunStore
+from mas_lab.records.control import RunControl
+from mas_lab.records.store import RunStore
 from tui.groups import GroupsScreen
 from tui.live import LiveScreen
 from tui.replay import ReplayScreen

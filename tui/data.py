@@ -6,10 +6,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mas_lab.control import RunControl
-from mas_lab.metric_names import TIME_SPLIT
-from mas_lab.plots import panel_series
-from mas_lab.store import RunStore
+from mas_lab.analysis.plots import panel_series
+from mas_lab.records.control import RunControl
+from mas_lab.records.store import RunStore
+from mas_lab.training.metric_names import TIME_SPLIT
 
 SPLIT = TIME_SPLIT
 

@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Label, RichLog, Static
 from textual_plotext import PlotextPlot
 
-from mas_lab.plots import axis_groups, baseline_name
+from mas_lab.analysis.plots import axis_groups, baseline_name
 from tui.data import SPLIT, LiveSnapshot, event_line, fmt_duration, live_snapshot, now
 from tui.navigation import Lab
 

@@ -8,8 +8,8 @@ from typing import Protocol, cast
 
 from textual.binding import Binding
 
-from mas_lab.control import RunControl
-from mas_lab.store import RunStore
+from mas_lab.records.control import RunControl
+from mas_lab.records.store import RunStore
 
 
 class Lab(Protocol):

@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header, Input, Label, OptionList, Static
 
-from mas_lab.episode_text import candidate_headline, count
+from mas_lab.records.episode_text import candidate_headline, count
 from tui.navigation import FOLLOW_BINDING, STEP_BINDINGS, StepNavigation
 
 

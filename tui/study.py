@@ -1,6 +1,6 @@
 """The study screen: every cell of a study (task, regime, seed) with its status, step, last held-out
 success and node, refreshed every 2 s from the cells' folders (mas_lab.study.driver.study_status);
-enter opens a cell's run in the dashboard, c compares the selected task's runs (mas_lab.compare:
+enter opens a cell's run in the dashboard, c compares the selected task's runs (mas_lab.analysis.compare:
 the pooled table and the settings that differ, the PNGs written beside)."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class StudyApp(App):
         row = self.selected()
         if row is None:
             return
-        from mas_lab.compare import compare
+        from mas_lab.analysis.compare import compare
 
         family = next(f for f in self.families if f.key == row["task"])
         cells = [r for r in self.rows if r["task"] == row["task"]]

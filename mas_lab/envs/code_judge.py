@@ -29,7 +29,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from mas_lab.sandbox import Limits, spawned
+from mas_lab.sandbox.isolation import Limits, spawned
 
 _CODEC = """
 import math as _math

@@ -34,7 +34,7 @@ from mas_lab.envs.code_judge import (
 )
 from mas_lab.envs.datasets import DatasetEnv, DatasetParams, code_problems
 from mas_lab.envs.games import extract_code
-from mas_lab.sandbox import Limits, run_python
+from mas_lab.sandbox.isolation import Limits, run_python
 
 
 def golden_verdict(record: dict, code: str) -> Verdict:

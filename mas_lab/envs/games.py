@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mas_lab.envs.base import ActionResult, Env, EnvParams, Problem
-from mas_lab.sandbox import Limits, run_python
+from mas_lab.sandbox.isolation import Limits, run_python
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _OPEN_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*)$", re.DOTALL)

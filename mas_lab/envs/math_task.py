@@ -24,7 +24,7 @@ from mas_lab.envs.base import ActionResult, Problem
 from mas_lab.envs.datasets import DatasetEnv, DatasetParams, last_boxed, math_problems
 from mas_lab.envs.games import extract_code
 from mas_lab.envs.math_grading import grade
-from mas_lab.sandbox import Limits, run_python
+from mas_lab.sandbox.isolation import Limits, run_python
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 

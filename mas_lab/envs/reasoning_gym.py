@@ -22,7 +22,7 @@ from pydantic import Field, field_validator
 
 from mas_lab.envs.base import ActionResult, Env, EnvParams, Problem
 from mas_lab.envs.games import extract_code
-from mas_lab.sandbox import Limits, run_python
+from mas_lab.sandbox.isolation import Limits, run_python
 
 _ANSWER = re.compile(r"^\s*answer\s*:", re.IGNORECASE | re.MULTILINE)
 

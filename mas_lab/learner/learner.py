@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from mas_lab import lora, precision
-from mas_lab.actors import node_id, set_threads
+from mas_lab.actors.placement import node_id, set_threads
 from mas_lab.algo.loss import clipped_policy_loss, kl_penalty
-from mas_lab.background import Background
 from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.logprobs import chunked_logprobs, logprobs_from_logits
 from mas_lab.learner.samples import Sample
-from mas_lab.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
+from mas_lab.modeling import lora, precision
+from mas_lab.modeling.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
+from mas_lab.records.background import Background
 
 
 class Learner:
@@ -487,7 +487,7 @@ class Learner:
         return True
 
     def precision_report(self) -> dict[str, object]:
-        """The dtype this learner computes in, as resolved on its device (mas_lab/precision.py)."""
+        """The dtype this learner computes in, as resolved on its device (mas_lab/modeling/precision.py)."""
         return self.precision
 
     def node(self) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mas_lab.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
+from mas_lab.modeling.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 
 SEED_STRIDE = 1_000_003  # seeds of different calls do not collide for up to a million candidates
 RESERVED_CACHE = True  # False: transformers' DynamicCache (benchmarks/sampling_loop.py compares them)

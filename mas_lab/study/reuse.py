@@ -4,7 +4,7 @@ trajectory GRPO) is copied into this study's archive instead of being trained ag
 it is the same run: the same resolved task (task file, every override, the seed), placement aside
 (`tracking`: where it was written; `resources`: threads and CPUs) and `dtype: auto` read as the
 dtype the run computed in, trained by the same code (the package fingerprint each run records,
-mas_lab/provenance.py: a changed trainer makes a different run of the same task file). A kept run
+mas_lab/records/provenance.py: a changed trainer makes a different run of the same task file). A kept run
 that differs in anything else is refused, naming the fields, before anything is written; a seed
 the other study has not kept is simply run here."""
 
@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mas_lab.provenance import code_version
+from mas_lab.records.provenance import code_version
 from mas_lab.study.families import Family, archive_folder, cells
 from mas_lab.study.runner import STORE
 
@@ -42,7 +42,7 @@ class Reuse:
 def _computed(task: dict, precision: dict | None) -> dict:
     """The task with every policy's `dtype: auto` replaced by the dtype it computes in: what the
     run's actors reported (a kept run), else what this machine resolves it to (a run to be made)."""
-    from mas_lab.precision import resolve
+    from mas_lab.modeling.precision import resolve
 
     reported = set((precision or {}).values())
     policies = {}

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from mas_lab.children import die_with_parent
+from mas_lab.sandbox.children import die_with_parent
 from mas_lab.study.families import Family, archive_folder, slug
 from mas_lab.study.spec import read_kept_json
 
@@ -58,8 +58,8 @@ def unfinished(folder: Path, wait_s: float = 180.0) -> Path | None:
     attempt stopped before its first checkpoint is removed (it had nothing to keep). A folder whose
     run is still alive (its lock held: a driver just killed, its run writing the checkpoint of its
     SIGTERM) is waited for; one held for longer than `wait_s` raises RunningElsewhere."""
-    from mas_lab import checkpoint
-    from mas_lab.control import lock_held
+    from mas_lab.records import checkpoint
+    from mas_lab.records.control import lock_held
 
     for run_dir in sorted(p.parent for p in (folder / "runs").glob("*/run.db")):
         deadline = time.monotonic() + wait_s
@@ -211,7 +211,7 @@ def _run_cell(
 
 def swap_eval(family: Family, task: str, seed: int, run_dir: Path, folder: Path) -> dict | None:
     """The swap ablation: the trained per-role policies with the role -> policy map rotated."""
-    from mas_lab import checkpoint
+    from mas_lab.records import checkpoint
 
     checkpoints = checkpoint.complete(run_dir)  # sealed ones, in step order
     if not checkpoints:

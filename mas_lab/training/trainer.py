@@ -14,30 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mas_lab import checkpoint, sandbox
+from mas_lab.actors.backend import PolicyBackend
 from mas_lab.algo import Group, filter_groups, group_stats
 from mas_lab.algo.credit import assign_advantages
-from mas_lab.backend import PolicyBackend
-from mas_lab.background import Background
-from mas_lab.baselines import (
-    RULE_LABELS,
-    ConstantBaseline,
-    RuleResults,
-    answer_turns,
-    rule_results,
-    task_baseline,
-    task_pool,
-)
-from mas_lab.config import TaskConfig
-from mas_lab.control import RunControl
-from mas_lab.diagnostics import diagnostics
-from mas_lab.envs import ENVS, Problem, ProblemPool
-from mas_lab.episodes import Episode, Generate, Timing, call_seed, tree_rollout, with_system
-from mas_lab.evidence import HeldOut, run_evidence
-from mas_lab.learner.samples import Sample
-from mas_lab.metric_names import LEARNER_METRICS, TIME_KEYS
-from mas_lab.progress import Progress, ProgressEvent
-from mas_lab.reporting import (
+from mas_lab.analysis.evidence import HeldOut, run_evidence
+from mas_lab.analysis.reporting import (
     baselines_from_metrics,
     hard_split_text,
     paired_verdict,
@@ -46,8 +27,28 @@ from mas_lab.reporting import (
     verdict,
     wilson_interval,
 )
-from mas_lab.store import RunStore
-from mas_lab.tracking import Tracker
+from mas_lab.config import TaskConfig
+from mas_lab.envs import ENVS, Problem, ProblemPool
+from mas_lab.learner.samples import Sample
+from mas_lab.records import checkpoint
+from mas_lab.records.background import Background
+from mas_lab.records.control import RunControl
+from mas_lab.records.store import RunStore
+from mas_lab.records.tracking import Tracker
+from mas_lab.sandbox import isolation as sandbox
+from mas_lab.training.baselines import (
+    RULE_LABELS,
+    ConstantBaseline,
+    RuleResults,
+    answer_turns,
+    rule_results,
+    task_baseline,
+    task_pool,
+)
+from mas_lab.training.diagnostics import diagnostics
+from mas_lab.training.episodes import Episode, Generate, Timing, call_seed, tree_rollout, with_system
+from mas_lab.training.metric_names import LEARNER_METRICS, TIME_KEYS
+from mas_lab.training.progress import Progress, ProgressEvent
 
 
 @dataclass
@@ -271,7 +272,7 @@ class Trainer:
         before that step's update."""
         from transformers import AutoTokenizer
 
-        from mas_lab.models import resolve
+        from mas_lab.modeling.models import resolve
         from mas_lab.rollout.engine import encode_chat
 
         task = self.task

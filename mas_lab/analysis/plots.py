@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mas_lab.metric_names import TIME_KEYS
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
+from mas_lab.training.metric_names import TIME_KEYS
 
 EVAL_INTERVAL = ("eval/success_ci_low", "eval/success_ci_high")
 PANELS = {
@@ -126,7 +126,7 @@ def axis_groups(series: dict[str, list[tuple[int, float]]]) -> dict[str, dict[st
 def _draw_success(ax, store: RunStore, series: dict, interval: tuple[str, str]) -> None:
     """The team's evaluations as points with their 95% intervals (never joined: between two
     evaluations nothing was measured), the baselines as dashed lines."""
-    from mas_lab.baselines import RULE_LABELS
+    from mas_lab.training.baselines import RULE_LABELS
 
     for key, points in series.items():
         steps, values = [s for s, _ in points], [v for _, v in points]

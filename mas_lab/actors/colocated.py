@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from mas_lab.actors import node_id
+from mas_lab.actors.placement import node_id
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
 from mas_lab.rollout.engine import Generation, HFEngine

@@ -13,8 +13,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from mas_lab.analysis.reporting import wilson_interval
 from mas_lab.notebook import RunData, final_outcomes, load_run, load_study
-from mas_lab.reporting import wilson_interval
 from mas_lab.study.spec import read_kept_json
 
 PANELS = {
@@ -224,9 +224,9 @@ def table(runs: list[Compared]) -> list[str]:
 
 def paired_table(runs: list[Compared]) -> list[str]:
     """Every pair of labels, paired on the same held-out problems seed by seed (the run of each label
-    with that `train.seed`; mas_lab/paired.py): discordant counts per seed, the exact p-value, the
+    with that `train.seed`; mas_lab/analysis/paired.py): discordant counts per seed, the exact p-value, the
     difference with its interval and the verdict in the paired test's words. Empty for one label."""
-    from mas_lab.paired import compare_paired, on_common_problems
+    from mas_lab.analysis.paired import compare_paired, on_common_problems
 
     by_label: dict[str, dict[int, dict[str, bool]]] = {}
     for r in runs:
@@ -263,7 +263,7 @@ def update_table(runs: list[Compared]) -> list[str]:
     optimizer steps whose gradient-norm clip bound, the median norm before and after it, and the
     PPO ratio's range. Runs of different labels that clip on different shares of their steps took
     different effective step sizes. Empty when no run recorded the clip share (older stores)."""
-    from mas_lab.reporting import update_diagnostics
+    from mas_lab.analysis.reporting import update_diagnostics
 
     lines = [
         "| label | run | policy | clip bound (share of optimizer steps) | grad norm median before / after | "

@@ -27,7 +27,7 @@ error, timeout, memory, killed, sandbox_error: bubblewrap's own failures are nev
 `error`); the machinery never raises into a training step.
 
 Memory: each process's address space is capped (RLIMIT_AS, memory_mb), and where the machine lets
-mas-lab make memory cgroups (mas_lab/memcap.py) the whole program is capped too, every process and
+mas-lab make memory cgroups (mas_lab/sandbox/memcap.py) the whole program is capped too, every process and
 its tmpfs files together, at memory_mb + tmp_mb (+ a margin for bubblewrap): a program that forks N
 processes, or fills its tmpfs with empty files (inodes the size cap does not count), is killed at
 that cap (status memory). Without cgroups the rlimits alone apply: N processes may use up to N x
@@ -106,7 +106,7 @@ class Isolation:
     bwrap: str | None = None
 
     def describe(self) -> str:
-        from mas_lab import memcap
+        from mas_lab.sandbox import memcap
 
         memory = (
             "a memory cgroup per program"
@@ -291,8 +291,8 @@ CGROUP_MARGIN_MB = 64  # bubblewrap's own processes and the interpreter's start
 
 
 def _memory_cap(limits: Limits):
-    """The program's memory cgroup (mas_lab/memcap.py), or None where cgroups cannot be made."""
-    from mas_lab import memcap
+    """The program's memory cgroup (mas_lab/sandbox/memcap.py), or None where cgroups cannot be made."""
+    from mas_lab.sandbox import memcap
 
     if memcap.available() is None:
         return None

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 FORMATS = ("jsonl", "parquet")
 
@@ -148,7 +148,7 @@ def _parquet(rows: Iterator[dict], output: Path, batch: int = 5000) -> int:
 def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = True) -> Path:
     """A Hugging Face folder of one policy of a checkpoint (or of a folder of saved policies)."""
     from mas_lab.config import TaskConfig
-    from mas_lab.models import resolve
+    from mas_lab.modeling.models import resolve
 
     state_file = checkpoint / "state.json"
     folder = checkpoint / "policies" / policy
@@ -159,7 +159,7 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
         raise ExportError(f"{checkpoint}: no checkpoint of policy '{policy}' (policies here: {found})")
     from pydantic import ValidationError
 
-    from mas_lab import checkpoint as checkpoints
+    from mas_lab.records import checkpoint as checkpoints
 
     if (checkpoint / "manifest.json").is_file():  # every file against its recorded size and SHA-256
         try:
@@ -196,7 +196,7 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mas_lab import lora
+    from mas_lab.modeling import lora
 
     model = lora.attach(AutoModelForCausalLM.from_pretrained(base), {policy: spec.lora})
     lora.load_adapter_state(model, policy, load_file(str(folder / "adapter.safetensors")))

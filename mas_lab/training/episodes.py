@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from mas_lab import models
 from mas_lab.algo.credit import OUTCOME
 from mas_lab.algo.groups import Candidate
 from mas_lab.config import Sampling, TaskConfig
 from mas_lab.envs.base import Env, EnvError, Problem
+from mas_lab.modeling import models
 from mas_lab.rollout.engine import Generation
 
 

@@ -1,4 +1,4 @@
-"""What a run's held-out evaluations support, paired on the same problems (mas_lab/paired.py).
+"""What a run's held-out evaluations support, paired on the same problems (mas_lab/analysis/paired.py).
 
 A run's summary, `mas-lab eval`, `compare` and the study report compare success rates measured on
 one seeded set of held-out problems. This module reads a run store's per-problem outcomes and
@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from mas_lab.baselines import RuleResults, answer_turns, baseline_outcomes, rule_results, task_pool
+from mas_lab.analysis.paired import Verdict, compare_paired
 from mas_lab.envs import ENVS
-from mas_lab.paired import Verdict, compare_paired
+from mas_lab.training.baselines import RuleResults, answer_turns, baseline_outcomes, rule_results, task_pool
 
 if TYPE_CHECKING:
     from mas_lab.config import TaskConfig
     from mas_lab.envs.base import Problem
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
 
 @dataclass(frozen=True)

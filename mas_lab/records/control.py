@@ -21,7 +21,7 @@ import socket
 import time
 from pathlib import Path
 
-from mas_lab.store import RunStore
+from mas_lab.records.store import RunStore
 
 LOCK_FILE = "run.lock"
 _held: dict[str, int] = {}  # run folders whose lock this process holds: path -> fd

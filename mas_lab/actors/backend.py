@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from mas_lab.colocated import Colocated
+from mas_lab.actors.colocated import Colocated
 from mas_lab.config import Sampling, TaskConfig
 from mas_lab.learner.learner import Learner
 from mas_lab.learner.samples import Sample
-from mas_lab.models import resolve
+from mas_lab.modeling.models import resolve
 from mas_lab.rollout.engine import Generation
 from mas_lab.rollout.worker import RolloutWorker
 
@@ -257,7 +257,7 @@ class Backend:
         started = time.perf_counter()
         handles = []
         for policy, base in self.base_of.items():
-            if base in self.colocated:  # in the actor's own memory: mas_lab/colocated.py
+            if base in self.colocated:  # in the actor's own memory: mas_lab/actors/colocated.py
                 handles.append(self._call(self.learners[base], "sync_local", policy, version))
                 continue
             weights = self._call(self.learners[base], "weights", policy)  # an ObjectRef under Ray
@@ -304,7 +304,7 @@ class Backend:
 
     def precision(self) -> dict[str, dict[str, object]]:
         """Actor -> its requested and resolved dtype and whether bf16 is emulated there
-        (`dtype: auto` resolves in each actor, on its own device: mas_lab/precision.py)."""
+        (`dtype: auto` resolves in each actor, on its own device: mas_lab/modeling/precision.py)."""
         roles = self._roles()
         return dict(zip([n for n, _, _ in roles], self._wait([self._call(a, m) for _, a, m in roles])))
 

@@ -255,7 +255,7 @@ def rebuild(run_dir: Path, target: Path) -> str:
     import yaml
 
     from mas_lab.config import TaskConfig, flat_params, stored_task_data
-    from mas_lab.store import RunStore
+    from mas_lab.records.store import RunStore
 
     target.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{(target / 'mlruns.db').resolve()}"
@@ -278,7 +278,7 @@ def rebuild(run_dir: Path, target: Path) -> str:
         tracker.set_tag("mas_lab.rebuilt_from", str(run_dir.resolve()))
         last = max(store.metrics(), default=-1)
         tracker.sync_from_store(store, last)
-        from mas_lab.plots import plot_run
+        from mas_lab.analysis.plots import plot_run
 
         charts = target / "charts"
         for path in plot_run(run_dir, charts):

@@ -12,7 +12,7 @@ import statistics
 from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
-    from mas_lab.episodes import Episode
+    from mas_lab.training.episodes import Episode
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -54,10 +54,10 @@ def verdict(before: dict | None, after: dict | None, constant: dict | None = Non
 
 
 def paired_verdict(before: dict | None, after: dict | None, evidence: Mapping) -> str:
-    """The run's held-out result in words that follow the paired tests (mas_lab/evidence.py): the
+    """The run's held-out result in words that follow the paired tests (mas_lab/analysis/evidence.py): the
     change training made on the same problems, then the team against each baseline without a model
     on the main split and on the hard split, each with n, the discordant counts and the p-value."""
-    from mas_lab.paired import sentence
+    from mas_lab.analysis.paired import sentence
 
     if before is None or after is None:
         return "no evaluation after training to compare with" if before else "no evaluation"

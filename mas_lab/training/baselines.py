@@ -276,7 +276,7 @@ def task_pool(task: "TaskConfig") -> ProblemPool:
 
 def baseline_outcomes(task: "TaskConfig", problems: Sequence[Problem]) -> dict[str, tuple[str, list[bool]]]:
     """Per problem, whether each baseline without a model solves it, for paired comparisons on the
-    same problems (mas_lab/paired.py): {name: (label, solved per problem)}, the best constant answer
+    same problems (mas_lab/analysis/paired.py): {name: (label, solved per problem)}, the best constant answer
     (chosen on `problems`) first, then each reading rule of the environment."""
     env_cls = ENVS[task.env.name]
     params = env_cls.Params.coerce(task.env.params)

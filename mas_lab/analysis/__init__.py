@@ -1,0 +1,1 @@
+"""Reading runs: paired statistics, held-out evidence, charts, compare, summary tables, export."""

@@ -1,0 +1,1 @@
+"""The models: named models and their builds, LoRA adapters, precision, the shared-prefix forward."""
