@@ -7,8 +7,6 @@ problems -> tree sampling (episodes.py) -> groups (problem, agent, turn) -> GRPO
 
 from __future__ import annotations
 
-import functools
-import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -17,16 +15,8 @@ from pathlib import Path
 from mas_lab.actors.backend import PolicyBackend
 from mas_lab.algo import Group, filter_groups, group_stats
 from mas_lab.algo.credit import assign_advantages
-from mas_lab.analysis.evidence import HeldOut, run_evidence
-from mas_lab.analysis.reporting import (
-    baselines_from_metrics,
-    hard_split_text,
-    paired_verdict,
-    reward_metrics,
-    update_diagnostics,
-    verdict,
-    wilson_interval,
-)
+from mas_lab.analysis.evidence import HeldOut
+from mas_lab.analysis.reporting import reward_metrics
 from mas_lab.config import TaskConfig
 from mas_lab.envs import ENVS, Problem, ProblemPool
 from mas_lab.learner.samples import Sample
@@ -36,19 +26,13 @@ from mas_lab.records.control import RunControl
 from mas_lab.records.store import RunStore
 from mas_lab.records.tracking import Tracker
 from mas_lab.sandbox import isolation as sandbox
-from mas_lab.training.baselines import (
-    RULE_LABELS,
-    ConstantBaseline,
-    RuleResults,
-    answer_turns,
-    rule_results,
-    task_baseline,
-    task_pool,
-)
+from mas_lab.training.baselines import ConstantBaseline, task_pool
 from mas_lab.training.diagnostics import diagnostics
-from mas_lab.training.episodes import Episode, Generate, Timing, call_seed, tree_rollout, with_system
+from mas_lab.training.episodes import Episode, Generate, Timing, call_seed, tree_rollout
+from mas_lab.training.evaluation import Evaluator, no_refusals
 from mas_lab.training.metric_names import LEARNER_METRICS, TIME_KEYS
 from mas_lab.training.progress import Progress, ProgressEvent
+from mas_lab.training.warmup import format_warm_up
 
 
 @dataclass
@@ -93,14 +77,6 @@ def compute_advantages(
     )
 
 
-def _no_refusals() -> None:
-    """Stop the run when the sandbox refused programs (no bubblewrap, fallback not allowed): a
-    step scored on refusals would train on zeros that say nothing about the programs."""
-    reason = sandbox.take_refusal()
-    if reason is not None:
-        raise sandbox.SandboxUnavailable(reason)
-
-
 class Trainer:
     def __init__(
         self,
@@ -122,6 +98,8 @@ class Trainer:
         self.pool = task_pool(task)
         sandbox.configure(allow_fallback=task.resources.sandbox_fallback)
         self.generate: Generate = backend.generate
+        # evaluation samples through self.generate as it is at the call (a test may replace it)
+        self.evaluator = Evaluator(task, self.pool, store, lambda *args: self.generate(*args))
         self.step = 0  # the last finished step
         self.cursor = 0  # index of the next training problem (of the current stage)
         self.stage = 0 if task.train.curriculum else len(task.train.curriculum)  # the curriculum stage in force
@@ -179,6 +157,8 @@ class Trainer:
         problems = self.next_problems()
         timing = Timing()
         seed = call_seed(task.train.seed, "step", step)
+        # ---- ALGORITHM 1: sample. Tree: K candidates per (turn, agent) from one observation, each scored
+        # on its own copy of the state, the best becomes the live state. Trajectories: K independent episodes.
         if self.tree:  # one live episode per problem; K candidates per (turn, agent), the best continues
             episodes = [Episode(i, p, self.train_pool.make(p)) for i, p in enumerate(problems)]
         else:  # K independent trajectories per problem, one candidate per (turn, agent)
@@ -197,7 +177,8 @@ class Trainer:
             on_turn=lambda t, role: tell(ProgressEvent(f"rollout t{t} {role}", step)),
         )
 
-        _no_refusals()
+        no_refusals()
+        # ---- ALGORITHM 1: group (problem, agent, turn) and advantages (Eq. 3, or the task's credit method)
         role_k = {r.name: r.k for r in task.roles if r.k is not None}
         groups = compute_advantages(
             episodes,
@@ -211,6 +192,7 @@ class Trainer:
             algo.tie_tolerance,
             algo.gigpo_episode,
         )
+        # ---- ALGORITHM 1: filter, and route each sample to its role's policy sigma(agent)
         kept, report = filter_groups(groups, algo.filter, algo.tie_tolerance)
         kept_keys = {g.key for g in kept}
         samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
@@ -228,6 +210,7 @@ class Trainer:
             )
             samples[name] = []
 
+        # ---- ALGORITHM 1: update every policy on its samples, then sync the rollout workers' weights
         tell(ProgressEvent("learner", step))
         learner_started = time.perf_counter()
         updates = self.backend.update(samples)
@@ -235,6 +218,7 @@ class Trainer:
         tell(ProgressEvent("weight sync", step))
         sync_s = self.backend.sync_weights(step)
 
+        # ---- RECORD: the step's group statistics and metrics, in one store transaction
         stats = [group_stats(group, kept=group.key in kept_keys, tol=algo.tie_tolerance) for group in groups]
         metrics = reward_metrics(episodes)
         metrics["groups"] = len(groups)
@@ -261,156 +245,20 @@ class Trainer:
         return TrainStep(step, episodes, metrics)
 
     def warm_up(self) -> None:
-        """The format warm-up (`train.warmup_steps`), before the first evaluation: each step takes
-        the next problems_per_step training problems and, for every role, a reply in its answer
-        format with random content (`Env.format_demo`: never read from the problem), and trains
-        each policy on its roles' replies with advantage 1 (on-policy, so the clipped objective's
-        gradient is the log-likelihood's: one supervised step). It teaches a small model the form
-        of an answer so that GRPO has legal, differing candidates to compare; what it cannot teach
-        is which moves solve a problem. The evaluation at step 0 comes after it, so a run's lift is
-        the RL's alone. Logged as an event per step with each policy's mean -log p of the replies
-        before that step's update."""
-        from transformers import AutoTokenizer
-
-        from mas_lab.modeling.models import resolve
-        from mas_lab.rollout.engine import encode_chat
-
-        task = self.task
-        by_model = {
-            model: AutoTokenizer.from_pretrained(resolve(model)) for model in {p.model for p in task.policies.values()}
-        }
-        tokenizers = {name: by_model[policy.model] for name, policy in task.policies.items()}
-        rng = random.Random(call_seed(task.train.seed, "warmup"))
-        roles = [r.name for r in task.roles]
-        for i in range(task.train.warmup_steps):
-            samples: dict[str, list[Sample]] = {name: [] for name in task.policies}
-            for problem in self.next_problems():
-                env = self.train_pool.make(problem)
-                for role in roles:
-                    policy = task.policy_of(role)
-                    tokenizer = tokenizers[policy]
-                    for turn in env.demo_turns(role):  # a program-then-answer agent: one of each
-                        reply = env.format_demo(role, rng, turn) if turn else env.format_demo(role, rng)
-                        response = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
-                        messages = with_system(env.messages(role, turn), task.role(role).system_prompt)
-                        sample = Sample(encode_chat(tokenizer, messages), response, 1.0, demonstration=True)
-                        samples[policy].append(sample)
-            updates = self.backend.update(samples)
-            self.store.event(
-                0,
-                "warmup",
-                f"format warm-up step {i + 1}/{task.train.warmup_steps}: "
-                + ", ".join(f"nll/{n} {u['nll']:.3f}" for n, u in updates.items()),
-            )
-        self.backend.sync_weights(0)
+        """The format warm-up before the first evaluation (training/warmup.py)."""
+        format_warm_up(self.task, self.backend, self.store, self.next_problems, self.train_pool.make)
 
     def evaluate(self, step: int, samples: int = 1) -> dict[str, float]:
-        """Episodes on the fixed held-out problems, one trajectory each (K = 1): greedy when
-        `samples` is 1, else `samples` sampled trajectories per problem at the roles' settings.
-        Success rate with a 95% Wilson interval, mean turns, mean reward per role; beside it, on
-        the same problems, what the baselines without a model solve (the best constant answer and,
-        in the move games, the reading rules), and the team's success on the hard split (the
-        problems the either-order reading rule does not solve: `train.hard_eval_problems` more
-        held-out ones when set, else the hard members of the evaluation set)."""
-        problems, hard_extra = self.pool.eval_set, self.pool.hard_set
-        if not problems:
-            return {}
-        started_wall, started = time.time(), time.perf_counter()
-        episodes = [
-            Episode(i * samples + j, p, self.pool.make(p))
-            for i, p in enumerate([*problems, *hard_extra])
-            for j in range(samples)
-        ]
-        tree_rollout(
-            self.task, episodes, self.generate, 1, call_seed(self.task.train.seed, "eval"), greedy=samples == 1
-        )
-        _no_refusals()
-        main = episodes[: len(problems) * samples]
-        metrics = reward_metrics(main, prefix="eval/")
-        low, high = wilson_interval(sum(e.success for e in main), len(main))
-        metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
-        # how many different first answers the team gave: 1 means one reply to every problem
-        env_cls = ENVS[self.task.env.name]
-        answerers = {env_cls.answer_role, env_cls.single_role} & {t.role for e in main for t in e.turns}
-        if not answerers:  # an environment whose answering role is not among the task's (toy): every role's
-            answerers = {t.role for e in main for t in e.turns}
-        metrics["eval/distinct_answers"] = float(
-            len({t.candidates[t.chosen].response for e in main for t in e.turns if t.turn == 0 and t.role in answerers})
-        )
-        constant = self.constant
-        if constant is not None:
-            metrics["eval/constant_success"] = constant.success
-            metrics["eval/constant_ci_low"], metrics["eval/constant_ci_high"] = wilson_interval(
-                constant.solved, constant.problems
-            )
-        metrics.update(self._rule_metrics(episodes, samples))
-        metrics["eval/time"] = time.perf_counter() - started
-        self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
-        hard = (
-            f"; hard split {metrics['eval/hard/success_rate']:.3f} on {int(metrics['eval/hard/problems'])} problems"
-            if "eval/hard/success_rate" in metrics
-            else ""
-        )
-        self.store.event(
-            step,
-            "eval",
-            f"success {metrics['eval/success_rate']:.3f} on {len(main)} episodes"
-            + (f"; best constant answer {constant.answer!r} {constant.success:.3f}" if constant else "")
-            + "".join(
-                f"; {name} {metrics[f'eval/rule/{name}']:.3f}" for name in RULE_LABELS if f"eval/rule/{name}" in metrics
-            )
-            + hard,
-        )
-        return metrics
+        """The held-out evaluation at `step` (training/evaluation.py)."""
+        return self.evaluator.evaluate(step, samples)
 
-    def _rule_metrics(self, episodes: list[Episode], samples: int) -> dict[str, float]:
-        """The reading rules' success on the evaluation set (eval/rule/NAME with its interval), the
-        BFS optimum's mean move count, and the team's and the rules' success on the hard split
-        (where the environment has one)."""
-        rules = self.rules
-        if rules is None:
-            return {}
-        n = len(self.pool.eval_set)
-        out: dict[str, float] = {}
-        for name, solved in rules.solved.items():
-            out[f"eval/rule/{name}"] = sum(solved[:n]) / n
-            out[f"eval/rule/{name}_ci_low"], out[f"eval/rule/{name}_ci_high"] = wilson_interval(sum(solved[:n]), n)
-        if "optimum" in rules.moves:
-            out["eval/optimum_moves"] = statistics.fmean(rules.moves["optimum"][:n])
-        if rules.hard_rule is None:  # no hard split (Sudoku)
-            return out
-        if self.pool.hard_set:  # the extra hard problems follow the evaluation set
-            hard = list(range(n, len(rules.hard)))
-        else:
-            hard = [i for i in range(n) if rules.hard[i]]
-        out["eval/hard/problems"] = float(len(hard))
-        if hard:
-            outcomes = [e.success for i in hard for e in episodes[i * samples : (i + 1) * samples]]
-            out["eval/hard/success_rate"] = sum(outcomes) / len(outcomes)
-            out["eval/hard/success_ci_low"], out["eval/hard/success_ci_high"] = wilson_interval(
-                sum(outcomes), len(outcomes)
-            )
-            for name, solved in rules.solved.items():
-                out[f"eval/hard/rule/{name}"] = sum(solved[i] for i in hard) / len(hard)
-        return out
-
-    @functools.cached_property
+    @property
     def constant(self) -> ConstantBaseline | None:
-        """The best fixed answer on the held-out problems (baselines.py), or None; computed once."""
-        return task_baseline(self.task, self.pool.eval_set) if self.pool.eval_set else None
+        return self.evaluator.constant
 
-    @functools.cached_property
+    @property
     def held_out(self) -> HeldOut:
-        """The held-out problems of the paired comparisons: the evaluation set and the hard split."""
-        return HeldOut.from_pool(self.pool.eval_set, self.pool.hard_set, self.rules)
-
-    @functools.cached_property
-    def rules(self) -> RuleResults | None:
-        """The reading rules on the evaluation set and then the extra hard problems; computed once."""
-        env_cls = ENVS[self.task.env.name]
-        return rule_results(
-            env_cls, self.pool.params, [*self.pool.eval_set, *self.pool.hard_set], answer_turns(self.task)
-        )
+        return self.evaluator.held_out
 
     # --- the run: steps, safe points, checkpoints -------------------------------------------------
     def run(self, progress: Progress | None = None) -> dict[str, float]:
@@ -457,77 +305,8 @@ class Trainer:
         return self.summary()
 
     def summary(self) -> dict:
-        """Held-out success before training and after it, with 95% intervals, and what they say.
-        "After" is the evaluation at the final step only: a run stopped early has none (None)."""
-        metrics = self.store.metrics()
-        evals = sorted(s for s, m in metrics.items() if "eval/success_rate" in m)
-
-        def at(step: int | None) -> dict | None:
-            if step is None:
-                return None
-            m = metrics[step]
-            return {
-                "step": step,
-                "success": m["eval/success_rate"],
-                "ci": [m.get("eval/success_ci_low"), m.get("eval/success_ci_high")],
-            }
-
-        before = at(evals[0] if evals else None)
-        after = at(evals[-1] if evals and evals[-1] == self.step and self.step > evals[0] else None)
-        best = self.constant if evals else None
-        constant = (
-            None
-            if best is None
-            else {
-                "answer": best.answer,
-                "success": best.success,
-                "ci": list(wilson_interval(best.solved, best.problems)),
-            }
-        )
-        last = metrics[after["step"]] if after else None
-        baselines = baselines_from_metrics(last, RULE_LABELS) if last else {}
-        evidence = (
-            run_evidence(self.task, self.store, after["step"], before["step"] if before else None, self.held_out)
-            if after
-            else {}
-        )
-        if evidence.get("change") or evidence.get("baselines"):
-            said = paired_verdict(before, after, evidence)
-        else:  # the evaluations hold different problems: the intervals only
-            said = verdict(before, after, constant)
-            if last and "eval/hard/problems" in last:
-                said += f". On the hard split (a detour needed): {hard_split_text(last)}"
-        return {
-            "eval_before": before["success"] if before else None,
-            "eval_after": after["success"] if after else None,
-            "before": before,
-            "after": after,
-            "constant": constant,
-            "baselines": baselines,
-            "hard_after": (
-                {
-                    "success": last["eval/hard/success_rate"],
-                    "problems": int(last["eval/hard/problems"]),
-                    "ci": [last["eval/hard/success_ci_low"], last["eval/hard/success_ci_high"]],
-                }
-                if last and "eval/hard/success_rate" in last
-                else None
-            ),
-            "verdict": said,
-            "update": update_diagnostics(metrics),
-            "paired": {
-                key: (
-                    value.as_dict()
-                    if key == "change"
-                    else {label: v.as_dict() for label, v in value.items()}
-                    if isinstance(value, dict)
-                    else value
-                )
-                for key, value in evidence.items()
-            },
-            "steps": self.step,
-            "stopped": self.step < self.task.train.steps,
-        }
+        """What the run's evaluations say (training/evaluation.py), after its last step."""
+        return {**self.evaluator.summary(self.step), "stopped": self.step < self.task.train.steps}
 
     def request_stop(self) -> None:
         """From a signal handler: stop at the next safe point, with a checkpoint."""
