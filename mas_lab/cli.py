@@ -25,7 +25,21 @@ from typer.core import TyperGroup
 from mas_lab import runs
 from mas_lab.config import TaskConfig
 from mas_lab.envs.base import EnvError
-from mas_lab.training.metric_names import TIME_KEYS
+from mas_lab.training.metric_names import (
+    CONSTANT_CI_HIGH,
+    CONSTANT_CI_LOW,
+    CONSTANT_SUCCESS,
+    DISTINCT_ANSWERS,
+    EVAL_CI_HIGH,
+    EVAL_CI_LOW,
+    EVAL_PREFIX,
+    EVAL_SUCCESS,
+    EVAL_TEAM_REWARD,
+    EVAL_TIME,
+    EVAL_TURNS,
+    HARD_PROBLEMS,
+    TIME_KEYS,
+)
 from mas_lab.training.progress import ProgressEvent
 
 app = typer.Typer(no_args_is_help=True, help="Train teams of LLM agents with AT-GRPO.")
@@ -332,13 +346,12 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int, st
     )
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("success rate", f"{metrics['eval/success_rate']:.3f}")
-    table.add_row("95% interval", f"[{metrics['eval/success_ci_low']:.3f}, {metrics['eval/success_ci_high']:.3f}]")
-    if "eval/constant_success" in metrics:
+    table.add_row("success rate", f"{metrics[EVAL_SUCCESS]:.3f}")
+    table.add_row("95% interval", f"[{metrics[EVAL_CI_LOW]:.3f}, {metrics[EVAL_CI_HIGH]:.3f}]")
+    if CONSTANT_SUCCESS in metrics:
         table.add_row(
             "best constant answer (no model)",
-            f"{metrics['eval/constant_success']:.3f} "
-            f"[{metrics['eval/constant_ci_low']:.3f}, {metrics['eval/constant_ci_high']:.3f}]",
+            f"{metrics[CONSTANT_SUCCESS]:.3f} [{metrics[CONSTANT_CI_LOW]:.3f}, {metrics[CONSTANT_CI_HIGH]:.3f}]",
         )
     from mas_lab.analysis.evidence import run_evidence
     from mas_lab.analysis.paired import sentence
@@ -349,24 +362,28 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int, st
     for name, b in baselines.items():
         if name != "constant":
             table.add_row(f"{b['label']} (no model)", f"{b['success']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]")
-    if "eval/hard/problems" in metrics:
+    if HARD_PROBLEMS in metrics:
         table.add_row("hard split (a detour needed)", hard_split_text(metrics))
     evidence = run_evidence(task, store, 0)
     if evidence.get("baselines"):
         first = "" if samples == 1 else ", the first sample of each problem"
         table.add_row(f"so (paired on the same problems{first})", sentence(evidence["baselines"]))
-    table.add_row("distinct first answers", f"{metrics.get('eval/distinct_answers', math.nan):.0f}")
-    table.add_row("mean turns", f"{metrics['eval/turns']:.2f}")
-    table.add_row("mean final team reward", f"{metrics['eval/team_reward']:.3f}")
+    table.add_row("distinct first answers", f"{metrics.get(DISTINCT_ANSWERS, math.nan):.0f}")
+    table.add_row("mean turns", f"{metrics[EVAL_TURNS]:.2f}")
+    table.add_row("mean final team reward", f"{metrics[EVAL_TEAM_REWARD]:.3f}")
     for role in task.roles:
         table.add_row(
-            f"mean reward: {role.name} ({role.policy})", f"{metrics.get(f'eval/reward/{role.name}', math.nan):.3f}"
+            f"mean reward: {role.name} ({role.policy})",
+            f"{metrics.get(f'{EVAL_PREFIX}reward/{role.name}', math.nan):.3f}",
         )
-    table.add_row("seconds", f"{metrics['eval/time']:.1f}")
+    table.add_row("seconds", f"{metrics[EVAL_TIME]:.1f}")
     Console(soft_wrap=True).print(table)
     print(
         json.dumps(
-            {"run_dir": str(run_dir), **{k.removeprefix("eval/"): v for k, v in metrics.items() if k.count("/") == 1}}
+            {
+                "run_dir": str(run_dir),
+                **{k.removeprefix(EVAL_PREFIX): v for k, v in metrics.items() if k.count("/") == 1},
+            }
         )
     )
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mas_lab.algo.groups import GroupStats
 from mas_lab.records.store import RunStore, StoreError
+from mas_lab.training.metric_names import EVAL_SUCCESS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -183,7 +184,7 @@ class StudyData:
         for name, run in self.runs.items():
             kept = run.path / "summary.json"
             summary = json.loads(kept.read_text()) if kept.is_file() else {}
-            evals = run.metrics["eval/success_rate"].dropna() if "eval/success_rate" in run.metrics else None
+            evals = run.metrics[EVAL_SUCCESS].dropna() if EVAL_SUCCESS in run.metrics else None
             rows.append(
                 {
                     "run": name,

@@ -34,6 +34,7 @@ from mas_lab.records.provenance import code_version
 from mas_lab.records.store import RunStore, StoreError
 from mas_lab.records.tracking import Tracker, resolve_uri
 from mas_lab.sandbox.isolation import SandboxUnavailable
+from mas_lab.training.metric_names import EVAL_SUCCESS
 from mas_lab.training.progress import Progress, ProgressEvent
 
 
@@ -581,7 +582,7 @@ def list_runs(folder: Path) -> list[dict]:
         try:
             meta, state = store.meta(), RunControl(store).status()
             task = meta.get("task") or {}
-            evals = store.series("eval/success_rate")
+            evals = store.series(EVAL_SUCCESS)
             started, _ = store.time_span()
             rows.append(
                 {

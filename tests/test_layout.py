@@ -103,3 +103,25 @@ def test_the_core_never_imports_textual():
             imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
             imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
             assert not any(m.split(".")[0] in ("textual", "tui") for m in imported), name
+
+
+def test_evaluation_metric_names_are_defined_once():
+    """The evaluation's metric keys live in training/metric_names.py; every reader (the summary,
+    compare, the charts, the study, the notebook, the dashboard) imports them. A string that starts
+    with "eval/" anywhere else in the code (docstrings aside) would be a second definition."""
+    import io
+    import tokenize
+
+    found = []
+    for name, path in _modules().items():
+        if name == "mas_lab.training.metric_names":
+            continue
+        tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+        for i, token in enumerate(tokens):
+            if token.type != tokenize.STRING:
+                continue
+            body = token.string.lstrip("rbfRBF").strip("\"'")
+            docstring = i > 0 and tokens[i - 1].type in (tokenize.INDENT, tokenize.NEWLINE, tokenize.NL)
+            if body.startswith("eval/") and not docstring:
+                found.append(f"{path.relative_to(ROOT)}:{token.start[0]}")
+    assert found == []

@@ -14,6 +14,7 @@ from textual.widgets import Button, Footer, Header, Label, RichLog, Static
 from textual_plotext import PlotextPlot
 
 from mas_lab.analysis.plots import axis_groups, baseline_name
+from mas_lab.training.metric_names import EVAL_PREFIX
 from tui.data import SPLIT, LiveSnapshot, event_line, fmt_duration, live_snapshot, now
 from tui.navigation import Lab
 
@@ -87,7 +88,7 @@ class Chart(Vertical):
                 plt.plot(
                     steps, values, marker="dot", color="gray" if key.endswith("constant_success") else None, label=label
                 )
-            elif key.startswith("eval/"):  # the team's evaluations: points at their steps, never joined
+            elif key.startswith(EVAL_PREFIX):  # the team's evaluations: points at their steps, never joined
                 plt.scatter(steps, values, marker="o", label=label)
             else:
                 plt.plot(steps, values, marker="dot" if len(points) < 3 else "braille", label=label)

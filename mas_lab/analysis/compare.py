@@ -16,9 +16,10 @@ from pathlib import Path
 from mas_lab.analysis.reporting import wilson_interval
 from mas_lab.notebook import RunData, final_outcomes, load_run, load_study
 from mas_lab.study.spec import read_kept_json
+from mas_lab.training.metric_names import EVAL_SUCCESS
 
 PANELS = {
-    "success": ("held-out success (greedy)", ["eval/success_rate"]),
+    "success": ("held-out success (greedy)", [EVAL_SUCCESS]),
     "reward": ("training reward per role", ["reward/"]),
     "kl": ("KL to the initial policy", ["kl_initial/"]),
     "entropy": ("entropy of the sampled distributions", ["entropy/"]),

@@ -15,17 +15,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from mas_lab.records.store import RunStore
-from mas_lab.training.metric_names import TIME_KEYS
+from mas_lab.training.metric_names import (
+    CONSTANT_SUCCESS,
+    EVAL_CI_HIGH,
+    EVAL_CI_LOW,
+    EVAL_PREFIX,
+    EVAL_SUCCESS,
+    HARD_CI_HIGH,
+    HARD_CI_LOW,
+    HARD_PREFIX,
+    HARD_SUCCESS,
+    TIME_KEYS,
+    rule_key,
+)
 
-EVAL_INTERVAL = ("eval/success_ci_low", "eval/success_ci_high")
+EVAL_INTERVAL = (EVAL_CI_LOW, EVAL_CI_HIGH)
 PANELS = {
     "success": (
         "held-out success (95% interval) and the baselines without a model",
-        ["eval/success_rate", *EVAL_INTERVAL, "eval/constant_success", "eval/rule/*"],
+        [EVAL_SUCCESS, *EVAL_INTERVAL, CONSTANT_SUCCESS, rule_key("*")],
     ),
     "hard": (
         "held-out success on the hard split (a detour needed)",
-        ["eval/hard/success_rate", "eval/hard/success_ci_low", "eval/hard/success_ci_high", "eval/hard/rule/*"],
+        [HARD_SUCCESS, HARD_CI_LOW, HARD_CI_HIGH, rule_key("*", hard=True)],
     ),
     "reward_per_role": ("mean reward per role", ["reward/"]),
     "reward_per_agent_turn": ("mean reward per (agent, turn)", ["reward/*/t"]),
@@ -156,7 +168,7 @@ def plot_run(run_dir: Path, output: Path) -> list[Path]:
     for panel, (title, series) in panel_series(store).items():
         if panel in ("success", "hard"):
             fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-            prefix = "eval/" if panel == "success" else "eval/hard/"
+            prefix = EVAL_PREFIX if panel == "success" else HARD_PREFIX
             _draw_success(ax, store, series, (f"{prefix}success_ci_low", f"{prefix}success_ci_high"))
             axes = [ax]
         else:

@@ -11,6 +11,8 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Mapping
 
+from mas_lab.training.metric_names import EVAL_PREFIX
+
 if TYPE_CHECKING:
     from mas_lab.training.episodes import Episode
 
@@ -140,7 +142,7 @@ def update_text(diagnostics: Mapping[str, Mapping[str, float]]) -> str:
     )
 
 
-def baselines_from_metrics(metrics: Mapping[str, float], labels: Mapping[str, str], prefix: str = "eval/") -> dict:
+def baselines_from_metrics(metrics: Mapping[str, float], labels: Mapping[str, str], prefix: str = EVAL_PREFIX) -> dict:
     """The baselines without a model an evaluation stored (`{prefix}constant_success` and
     `{prefix}rule/NAME`, each with its interval) as {name: {label, success, ci}}, for the summary's table rows."""
     out: dict[str, dict] = {}
@@ -161,7 +163,7 @@ def baselines_from_metrics(metrics: Mapping[str, float], labels: Mapping[str, st
     return out
 
 
-def hard_split_text(metrics: Mapping[str, float], prefix: str = "eval/") -> str:
+def hard_split_text(metrics: Mapping[str, float], prefix: str = EVAL_PREFIX) -> str:
     """The team's success on the hard split with its interval, and the rules' there, in one line."""
     if f"{prefix}hard/success_rate" not in metrics:
         return "no hard problems in this evaluation" if metrics.get(f"{prefix}hard/problems") == 0 else "-"

@@ -17,6 +17,7 @@ from mas_lab.study.families import Cell, Family, archive_folder, cells
 from mas_lab.study.report import report
 from mas_lab.study.runner import complete, run_regime
 from mas_lab.study.spec import read_kept_json
+from mas_lab.training.metric_names import EVAL_SUCCESS
 
 
 def parent_run(families: list[Family]) -> tuple[str, ...]:
@@ -224,7 +225,7 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
             store = RunStore(run_dir / "run.db", create=False)
             try:
                 step = max((s for s, m in store.metrics().items() if "time/step" in m), default=0)
-                evals = store.series("eval/success_rate")
+                evals = store.series(EVAL_SUCCESS)
                 success = evals[-1][1] if evals else None
             finally:
                 store.close()

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mas_lab.training.metric_names import EVAL_SUCCESS
+
 if TYPE_CHECKING:
     from mas_lab.records.store import RunStore
 
@@ -41,11 +43,7 @@ def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
 
 def _curve(key: str) -> bool:
     """The curves' metrics: eval success, each role's reward (not its parts), each policy's gradient norm."""
-    return (
-        key == "eval/success_rate"
-        or (key.startswith("reward/") and key.count("/") == 1)
-        or key.startswith("grad_norm/")
-    )
+    return key == EVAL_SUCCESS or (key.startswith("reward/") and key.count("/") == 1) or key.startswith("grad_norm/")
 
 
 def plot(
@@ -74,9 +72,9 @@ def plot(
         colour, seeds = colours[regime], len(runs)
         for data in runs:
             if seeds > 1:
-                faint = data.get("eval/success_rate", [(0, 0.0)])
+                faint = data.get(EVAL_SUCCESS, [(0, 0.0)])
                 left.plot([s for s, _ in faint], [v for _, v in faint], color=colour, alpha=0.25, linewidth=1)
-        successes = [data.get("eval/success_rate", []) for data in runs]
+        successes = [data.get(EVAL_SUCCESS, []) for data in runs]
         steps, values = mean_curve(successes)
         if seeds > 1:  # the range over the seeds that reached each step (a range, not an interval)
             by_step = [[v for curve in successes for s, v in curve if s == step] for step in steps]

@@ -35,6 +35,23 @@ from mas_lab.training.baselines import (
     task_baseline,
 )
 from mas_lab.training.episodes import Episode, Generate, call_seed, tree_rollout
+from mas_lab.training.metric_names import (
+    CONSTANT_CI_HIGH,
+    CONSTANT_CI_LOW,
+    CONSTANT_SUCCESS,
+    DISTINCT_ANSWERS,
+    EVAL_CI_HIGH,
+    EVAL_CI_LOW,
+    EVAL_PREFIX,
+    EVAL_SUCCESS,
+    EVAL_TIME,
+    HARD_CI_HIGH,
+    HARD_CI_LOW,
+    HARD_PROBLEMS,
+    HARD_SUCCESS,
+    OPTIMUM_MOVES,
+    rule_key,
+)
 
 
 def no_refusals() -> None:
@@ -74,39 +91,35 @@ class Evaluator:
         )
         no_refusals()
         main = episodes[: len(problems) * samples]
-        metrics = reward_metrics(main, prefix="eval/")
+        metrics = reward_metrics(main, prefix=EVAL_PREFIX)
         low, high = wilson_interval(sum(e.success for e in main), len(main))
-        metrics["eval/success_ci_low"], metrics["eval/success_ci_high"] = low, high
+        metrics[EVAL_CI_LOW], metrics[EVAL_CI_HIGH] = low, high
         # how many different first answers the team gave: 1 means one reply to every problem
         env_cls = ENVS[self.task.env.name]
         answerers = {env_cls.answer_role, env_cls.single_role} & {t.role for e in main for t in e.turns}
         if not answerers:  # an environment whose answering role is not among the task's (toy): every role's
             answerers = {t.role for e in main for t in e.turns}
-        metrics["eval/distinct_answers"] = float(
+        metrics[DISTINCT_ANSWERS] = float(
             len({t.candidates[t.chosen].response for e in main for t in e.turns if t.turn == 0 and t.role in answerers})
         )
         constant = self.constant
         if constant is not None:
-            metrics["eval/constant_success"] = constant.success
-            metrics["eval/constant_ci_low"], metrics["eval/constant_ci_high"] = wilson_interval(
-                constant.solved, constant.problems
-            )
+            metrics[CONSTANT_SUCCESS] = constant.success
+            metrics[CONSTANT_CI_LOW], metrics[CONSTANT_CI_HIGH] = wilson_interval(constant.solved, constant.problems)
         metrics.update(self._rule_metrics(episodes, samples))
-        metrics["eval/time"] = time.perf_counter() - started
+        metrics[EVAL_TIME] = time.perf_counter() - started
         self.store.write_step(step, started_wall, episodes, "eval", metrics=metrics)
         hard = (
-            f"; hard split {metrics['eval/hard/success_rate']:.3f} on {int(metrics['eval/hard/problems'])} problems"
-            if "eval/hard/success_rate" in metrics
+            f"; hard split {metrics[HARD_SUCCESS]:.3f} on {int(metrics[HARD_PROBLEMS])} problems"
+            if HARD_SUCCESS in metrics
             else ""
         )
         self.store.event(
             step,
             "eval",
-            f"success {metrics['eval/success_rate']:.3f} on {len(main)} episodes"
+            f"success {metrics[EVAL_SUCCESS]:.3f} on {len(main)} episodes"
             + (f"; best constant answer {constant.answer!r} {constant.success:.3f}" if constant else "")
-            + "".join(
-                f"; {name} {metrics[f'eval/rule/{name}']:.3f}" for name in RULE_LABELS if f"eval/rule/{name}" in metrics
-            )
+            + "".join(f"; {name} {metrics[rule_key(name)]:.3f}" for name in RULE_LABELS if rule_key(name) in metrics)
             + hard,
         )
         return metrics
@@ -121,25 +134,23 @@ class Evaluator:
         n = len(self.pool.eval_set)
         out: dict[str, float] = {}
         for name, solved in rules.solved.items():
-            out[f"eval/rule/{name}"] = sum(solved[:n]) / n
-            out[f"eval/rule/{name}_ci_low"], out[f"eval/rule/{name}_ci_high"] = wilson_interval(sum(solved[:n]), n)
+            out[rule_key(name)] = sum(solved[:n]) / n
+            out[rule_key(name) + "_ci_low"], out[rule_key(name) + "_ci_high"] = wilson_interval(sum(solved[:n]), n)
         if "optimum" in rules.moves:
-            out["eval/optimum_moves"] = statistics.fmean(rules.moves["optimum"][:n])
+            out[OPTIMUM_MOVES] = statistics.fmean(rules.moves["optimum"][:n])
         if rules.hard_rule is None:  # no hard split (Sudoku)
             return out
         if self.pool.hard_set:  # the extra hard problems follow the evaluation set
             hard = list(range(n, len(rules.hard)))
         else:
             hard = [i for i in range(n) if rules.hard[i]]
-        out["eval/hard/problems"] = float(len(hard))
+        out[HARD_PROBLEMS] = float(len(hard))
         if hard:
             outcomes = [e.success for i in hard for e in episodes[i * samples : (i + 1) * samples]]
-            out["eval/hard/success_rate"] = sum(outcomes) / len(outcomes)
-            out["eval/hard/success_ci_low"], out["eval/hard/success_ci_high"] = wilson_interval(
-                sum(outcomes), len(outcomes)
-            )
+            out[HARD_SUCCESS] = sum(outcomes) / len(outcomes)
+            out[HARD_CI_LOW], out[HARD_CI_HIGH] = wilson_interval(sum(outcomes), len(outcomes))
             for name, solved in rules.solved.items():
-                out[f"eval/hard/rule/{name}"] = sum(solved[i] for i in hard) / len(hard)
+                out[rule_key(name, hard=True)] = sum(solved[i] for i in hard) / len(hard)
         return out
 
     @functools.cached_property
@@ -164,17 +175,13 @@ class Evaluator:
         """Held-out success before training and after it, with 95% intervals, and what they say.
         "After" is the evaluation at the final step only: a run stopped early has none (None)."""
         metrics = self.store.metrics()
-        evals = sorted(s for s, m in metrics.items() if "eval/success_rate" in m)
+        evals = sorted(s for s, m in metrics.items() if EVAL_SUCCESS in m)
 
         def at(step: int | None) -> dict | None:
             if step is None:
                 return None
             m = metrics[step]
-            return {
-                "step": step,
-                "success": m["eval/success_rate"],
-                "ci": [m.get("eval/success_ci_low"), m.get("eval/success_ci_high")],
-            }
+            return {"step": step, "success": m[EVAL_SUCCESS], "ci": [m.get(EVAL_CI_LOW), m.get(EVAL_CI_HIGH)]}
 
         before = at(evals[0] if evals else None)
         after = at(evals[-1] if evals and evals[-1] == step and step > evals[0] else None)
@@ -199,7 +206,7 @@ class Evaluator:
             said = paired_verdict(before, after, evidence)
         else:  # the evaluations hold different problems: the intervals only
             said = verdict(before, after, constant)
-            if last and "eval/hard/problems" in last:
+            if last and HARD_PROBLEMS in last:
                 said += f". On the hard split (a detour needed): {hard_split_text(last)}"
         return {
             "eval_before": before["success"] if before else None,
@@ -210,11 +217,11 @@ class Evaluator:
             "baselines": baselines,
             "hard_after": (
                 {
-                    "success": last["eval/hard/success_rate"],
-                    "problems": int(last["eval/hard/problems"]),
-                    "ci": [last["eval/hard/success_ci_low"], last["eval/hard/success_ci_high"]],
+                    "success": last[HARD_SUCCESS],
+                    "problems": int(last[HARD_PROBLEMS]),
+                    "ci": [last[HARD_CI_LOW], last[HARD_CI_HIGH]],
                 }
-                if last and "eval/hard/success_rate" in last
+                if last and HARD_SUCCESS in last
                 else None
             ),
             "verdict": said,

@@ -25,3 +25,25 @@ LEARNER_METRICS = (
     "tis_weight_mean",
     "tis_capped_frac",
 )
+
+# what an evaluation records (training/evaluation.py), read by the summary, compare, the charts,
+# the study report, the notebook and the dashboard
+EVAL_PREFIX = "eval/"  # every evaluation metric
+HARD_PREFIX = "eval/hard/"  # the hard split's
+EVAL_SUCCESS = "eval/success_rate"
+EVAL_CI_LOW, EVAL_CI_HIGH = "eval/success_ci_low", "eval/success_ci_high"
+HARD_SUCCESS = "eval/hard/success_rate"
+HARD_CI_LOW, HARD_CI_HIGH = "eval/hard/success_ci_low", "eval/hard/success_ci_high"
+HARD_PROBLEMS = "eval/hard/problems"
+CONSTANT_SUCCESS = "eval/constant_success"
+CONSTANT_CI_LOW, CONSTANT_CI_HIGH = "eval/constant_ci_low", "eval/constant_ci_high"
+DISTINCT_ANSWERS = "eval/distinct_answers"
+EVAL_TURNS = "eval/turns"
+EVAL_TEAM_REWARD = "eval/team_reward"
+EVAL_TIME = "eval/time"
+OPTIMUM_MOVES = "eval/optimum_moves"
+
+
+def rule_key(name: str, hard: bool = False) -> str:
+    """A reading rule's success on the evaluation set (or on the hard split)."""
+    return f"{HARD_PREFIX if hard else EVAL_PREFIX}rule/{name}"
