@@ -125,3 +125,12 @@ def test_evaluation_metric_names_are_defined_once():
             if body.startswith("eval/") and not docstring:
                 found.append(f"{path.relative_to(ROOT)}:{token.start[0]}")
     assert found == []
+
+
+def test_no_sql_outside_the_store():
+    """The run store owns its SQL: no other module connects to SQLite or runs a statement."""
+    for name, path in _modules().items():
+        if name == "mas_lab.records.store":
+            continue
+        text = path.read_text()
+        assert "sqlite3.connect" not in text and ".execute(" not in text.replace("trial.execute(", ""), name

@@ -168,6 +168,18 @@ class RunStore:
                 f"up to {SCHEMA_VERSION}); upgrade mas-lab to open it"
             )
 
+    @staticmethod
+    def copy(source: Path, target: Path) -> None:
+        """A consistent copy of the store at `source` into a new file `target`, whatever the
+        journal mode (SQLite's online backup), without opening it as a RunStore (no migration,
+        no lock): what a study keeps of a finished run."""
+        src, dst = sqlite3.connect(source), sqlite3.connect(target)
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+            src.close()
+
     def checkpoint_wal(self, mode: str = "PASSIVE") -> None:
         """Move committed steps from run.db-wal into run.db (after every step), so the main file
         alone holds the finished steps. PASSIVE never waits for a reader (the dashboard); frames a

@@ -10,7 +10,6 @@ import lzma
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from mas_lab.records.store import RunStore
 from mas_lab.sandbox.children import die_with_parent
 from mas_lab.study.families import Family, archive_folder, slug
 from mas_lab.study.spec import read_kept_json
@@ -247,12 +247,7 @@ def keep(result: dict, archive: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "run.db"
-        source, target = sqlite3.connect(Path(result["run_dir"]) / "run.db"), sqlite3.connect(copy)
-        try:
-            source.backup(target)  # a consistent copy, whatever the journal mode
-        finally:
-            target.close()
-            source.close()
+        RunStore.copy(Path(result["run_dir"]) / "run.db", copy)  # a consistent copy, whatever the journal mode
         with open(copy, "rb") as plain, lzma.open(folder / STORE, "wb", preset=9) as packed:
             shutil.copyfileobj(plain, packed)
     shutil.copyfile(Path(result["run_dir"]) / "task.yaml", folder / "task.yaml")  # the resolved task
