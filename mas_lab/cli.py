@@ -168,32 +168,36 @@ def _train_with_progress(opened: runs.Run, use_ray: bool, stopped_by: list[int] 
 
         try:
             return runs.train(opened, use_ray=use_ray, progress=progress, on_signal=on_signal)
-        except runs.RunError as exc:
-            bar.stop()
-            _fail(str(exc), code=1)
-        except EnvError as exc:  # a plugin's reward or observation the trainer cannot use: one line
-            bar.stop()
-            _fail(f"the run stopped: {exc}; nothing of this step was trained on or stored", code=1)
-        except (MemoryError, RuntimeError, ImportError) as exc:  # an address-space or RAM limit: one line, not 300
-            # a thread's stack and a shared library's pages are address space too: under `prlimit
-            # --as` a new thread is refused and torch fails to load
-            said = ("allocate memory", "out of memory", "can't start new thread", "failed to map segment")
-            if not isinstance(exc, MemoryError) and not any(words in str(exc) for words in said):
+        except (runs.RunError, EnvError, MemoryError, RuntimeError, ImportError, OSError, sqlite3.Error) as exc:
+            message = _run_failure(exc, opened)
+            if message is None:
                 raise
             bar.stop()
-            _fail(
-                f"the run ran out of memory ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
-                f"its store and MLflow run are marked failed; with more memory (or a smaller micro_batch), "
-                f"{_again(opened)}",
-                code=1,
-            )
-        except (OSError, sqlite3.Error) as exc:  # a full disk, a lost mount: one line, not a traceback
-            bar.stop()
-            _fail(
-                f"the run failed: {type(exc).__name__}: {exc} (is the disk full?); its store and MLflow run are "
-                f"marked failed; once fixed, {_again(opened)}",
-                code=1,
-            )
+            _fail(message, code=1)
+
+
+def _run_failure(exc: BaseException, opened: runs.Run) -> str | None:
+    """The one line a run's failure prints (None: a bug, whose traceback is the report)."""
+    if isinstance(exc, runs.RunError):
+        return str(exc)
+    if isinstance(exc, EnvError):  # a plugin's reward or observation the trainer cannot use
+        return f"the run stopped: {exc}; nothing of this step was trained on or stored"
+    if isinstance(exc, (MemoryError, RuntimeError, ImportError)):  # an address-space or RAM limit
+        # a thread's stack and a shared library's pages are address space too: under `prlimit
+        # --as` a new thread is refused and torch fails to load
+        said = ("allocate memory", "out of memory", "can't start new thread", "failed to map segment")
+        if not isinstance(exc, MemoryError) and not any(words in str(exc) for words in said):
+            return None
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        return (
+            f"the run ran out of memory ({type(exc).__name__}: {first}); its store and MLflow run are marked "
+            f"failed; with more memory (or a smaller micro_batch), {_again(opened)}"
+        )
+    # a full disk, a lost mount: one line, not a traceback
+    return (
+        f"the run failed: {type(exc).__name__}: {exc} (is the disk full?); its store and MLflow run are "
+        f"marked failed; once fixed, {_again(opened)}"
+    )
 
 
 def _again(opened: runs.Run) -> str:
