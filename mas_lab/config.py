@@ -474,6 +474,31 @@ class TaskConfig(_Strict):
     tracking: Tracking = Field(default_factory=Tracking, description="where a run's records go")
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="when to write checkpoints")
 
+    def _credit_needs(self, env: Any) -> None:
+        """What the credit method needs (algo/credit.py's registry states it) against the sampling
+        mode and the environment's workflow."""
+        from mas_lab.algo.credit import METHODS
+
+        method, mode = METHODS[self.algorithm.advantage], self.algorithm.mode
+        tree = mode == "at_grpo"
+        fits = [m.name for m in METHODS.values() if (m.tree if tree else m.trajectories)]
+        if tree and not method.tree:
+            raise ValueError(
+                f"algorithm.advantage: {method.name} needs independent trajectories; allowed with algorithm.mode "
+                f"at_grpo: {', '.join(fits)} (or use mode mas_grpo or single_agent)"
+            )
+        if not tree and not method.trajectories:
+            raise ValueError(
+                f"algorithm.advantage: {method.name} continues each candidate's own branch of the tree; mode {mode} "
+                f"samples independent trajectories; allowed there: {', '.join(fits)}"
+            )
+        if method.sequential and env.parallel:
+            sequential_free = [m.name for m in METHODS.values() if not m.sequential and m.tree]
+            raise ValueError(
+                f"algorithm.advantage: {method.name} needs a sequential workflow; environment '{self.env.name}' "
+                f"acts in parallel (no single branch holds a turn); allowed: {', '.join(sequential_free)}"
+            )
+
     @model_validator(mode="after")
     def _cross_checks(self) -> "TaskConfig":
         names = [r.name for r in self.roles]
@@ -508,23 +533,7 @@ class TaskConfig(_Strict):
         if names != expected:
             where = "in single_agent mode has the role" if self.algorithm.mode == "single_agent" else "has roles"
             raise ValueError(f"roles: environment '{self.env.name}' {where} {expected} in this order, got {names}")
-        if self.algorithm.advantage == "gigpo" and self.algorithm.mode == "at_grpo":
-            raise ValueError(
-                "algorithm.advantage: gigpo groups independent trajectories by their steps; allowed "
-                "with algorithm.mode at_grpo: at_grpo, rloo, dr_mas, pooled (or use mode mas_grpo or single_agent)"
-            )
-        if self.algorithm.advantage == "counterfactual":
-            if self.algorithm.mode != "at_grpo":
-                raise ValueError(
-                    "algorithm.advantage: counterfactual continues each candidate's own branch of the tree; "
-                    f"mode {self.algorithm.mode} samples independent trajectories; allowed there: at_grpo, rloo, "
-                    "dr_mas, pooled, gigpo"
-                )
-            if env.parallel:
-                raise ValueError(
-                    f"algorithm.advantage: counterfactual needs a sequential workflow; environment '{self.env.name}' "
-                    "acts in parallel (no single branch holds a turn); allowed: at_grpo, rloo, dr_mas, pooled"
-                )
+        self._credit_needs(env)
         for i, role in enumerate(self.roles):
             if role.k is not None and self.algorithm.mode != "at_grpo":
                 raise ValueError(

@@ -8,7 +8,7 @@ import pytest
 
 from mas_lab.algo import Candidate
 from mas_lab.algo.advantage import grpo_advantages, rloo_advantages
-from mas_lab.algo.credit import OUTCOME, assign_advantages, build_agent_groups, build_step_groups
+from mas_lab.algo.credit import OUTCOME, Credit, assign_advantages, build_agent_groups, build_step_groups
 
 
 def cand(problem="p", role="a", turn=0, index=0, reward=0.0, prompt=(1, 2)):
@@ -37,8 +37,8 @@ def test_rloo_by_hand_sums_to_zero_and_is_zero_for_equal_rewards():
 
 def test_at_grpo_and_rloo_share_groups_and_signs():
     tree = [("p", [cand(index=i, reward=r) for i, r in enumerate([1.0, 0.0, 0.5, 0.5])])]
-    grpo = [c.advantage for g in assign_advantages(tree, 4, 1e-6, True, "at_grpo") for c in g.members]
-    rloo = [c.advantage for g in assign_advantages(tree, 4, 1e-6, True, "rloo") for c in g.members]
+    grpo = [c.advantage for g in assign_advantages(tree, "at_grpo", Credit(4, 1e-6, True)) for c in g.members]
+    rloo = [c.advantage for g in assign_advantages(tree, "rloo", Credit(4, 1e-6, True)) for c in g.members]
     assert [a > 0 for a in grpo] == [a > 0 for a in rloo] and sum(rloo) == pytest.approx(0.0)
 
 
@@ -48,7 +48,7 @@ def test_dr_mas_normalises_per_agent_over_its_turns():
     advantages nearly flat)."""
     big = [cand(role="tool", turn=t, index=i, reward=10.0 * (i + t)) for t in (0, 1) for i in range(2)]
     small = [cand(role="planner", turn=t, index=i, reward=0.01 * (i + t)) for t in (0, 1) for i in range(2)]
-    groups = assign_advantages([("p", big + small)], 2, 1e-9, True, "dr_mas")
+    groups = assign_advantages([("p", big + small)], "dr_mas", Credit(2, 1e-9))
     assert sorted((g.key.role, g.key.turn, len(g.members)) for g in groups) == [("planner", -1, 4), ("tool", -1, 4)]
     for role in ("tool", "planner"):
         advantages = [c.advantage for c in big + small if c.role == role]
@@ -75,18 +75,18 @@ def test_gigpo_adds_a_step_advantage_among_samples_that_met_the_same_observation
         )
     episode = grpo_advantages([statistics.fmean([a.reward, b.reward]) for _, (a, b) in trajectories])
     step = grpo_advantages([1.0 + 0.9 * 1.0, 0.0 + 0.9 * 0.0, 0.0 + 0.9 * 1.0])  # by hand: r_a + gamma * r_b
-    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", step_weight=0.5, step_gamma=0.9)
+    assign_advantages(trajectories, "gigpo", Credit(3, 1e-6, False, step_weight=0.5, step_gamma=0.9))
     for j, (_, (a, b)) in enumerate(trajectories):
         assert a.advantage == pytest.approx(episode[j] + 0.5 * step[j])
         assert b.advantage == pytest.approx(episode[j])  # its observations all differ: no step group
     assert [len(g) for g in build_step_groups([c for _, unit in trajectories for c in unit])] == [3]
     # the second agent's return counts: with gamma 0 the anchor's step advantage sees 1, 0, 0
-    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", step_weight=0.5, step_gamma=0.0)
+    assign_advantages(trajectories, "gigpo", Credit(3, 1e-6, False, step_weight=0.5, step_gamma=0.0))
     own = grpo_advantages([1.0, 0.0, 0.0])
     assert [a.advantage for _, (a, _) in trajectories] == pytest.approx([e + 0.5 * s for e, s in zip(episode, own)])
     assert own[2] != pytest.approx(step[2])  # the third trajectory's later success changes its anchor credit
     with pytest.raises(ValueError, match="independent trajectories"):
-        assign_advantages(trajectories, 3, 1e-6, True, "gigpo")
+        assign_advantages(trajectories, "gigpo", Credit(3, 1e-6, True))
 
 
 def test_step_returns_by_hand():
@@ -126,7 +126,7 @@ def test_gigpo_advantages_recomputed_from_a_real_runs_store(tmp_path):
     trajectories = list(episodes.values())
     assert {len(unit) for _, unit in trajectories} == {4}  # 2 agents x 2 turns, one action each
     assert any(len(g) > 1 for g in build_step_groups([c for _, unit in trajectories for c in unit]))
-    assign_advantages(trajectories, task.algorithm.k, task.algorithm.std_eps, False, "gigpo", step_gamma=0.8)
+    assign_advantages(trajectories, "gigpo", Credit(task.algorithm.k, task.algorithm.std_eps, False, step_gamma=0.8))
     rebuilt = [c.advantage for _, unit in trajectories for c in unit]
     assert rebuilt == pytest.approx([r["advantage"] for r in rows], abs=1e-5)
 
@@ -136,7 +136,7 @@ def test_equal_rewards_give_zero_advantages(method):
     tree = [("p", [cand(index=i, reward=0.7) for i in range(4)])]
     for c in tree[0][1]:
         c.components[OUTCOME] = 0.3
-    groups = assign_advantages(tree, 4, 1e-6, True, method)
+    groups = assign_advantages(tree, method, Credit(4, 1e-6, True))
     assert all(c.advantage == 0.0 for g in groups for c in g.members)
 
 
@@ -168,10 +168,8 @@ def test_a_run_stores_the_advantages_its_method_gives(tmp_path, method):
         by_turn.setdefault((c.problem_id, c.role, c.turn), []).append(c)
     assign_advantages(
         [("x", [c for group in by_turn.values() for c in group])],
-        task.algorithm.k,
-        task.algorithm.std_eps,
-        True,
         method,
+        Credit(task.algorithm.k, task.algorithm.std_eps),
     )
     assert [c.advantage for c in rebuilt] == pytest.approx([r["advantage"] for r in rows], abs=1e-5)
     if method == "dr_mas":
@@ -197,13 +195,13 @@ def test_a_roles_own_k_sizes_its_groups_and_needs_tree_sampling(tmp_path):
     engine = FakeEngine()
     tree_rollout(task, episodes, engine, task.algorithm.k, seed=0)
     assert [call["n"] for call in engine.calls] == [2, 4, 2, 4]  # (turn, agent) in order
-    groups = compute_advantages(episodes, 4, 1e-6, role_k={"first": 2})
+    groups = compute_advantages(episodes, "at_grpo", Credit(4, 1e-6, role_k={"first": 2}))
     sizes = {(g.key.role, len(g.members)) for g in groups}
     assert sizes == {("first", 2), ("second", 4)}
     from mas_lab.algo import GroupError
 
     with pytest.raises(GroupError, match="expected exactly K=4"):
-        compute_advantages(episodes, 4, 1e-6)  # without the override the first role's groups are short
+        compute_advantages(episodes, "at_grpo", Credit(4, 1e-6))  # without the role's own K its groups are short
     greedy = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(2)]
     engine = FakeEngine()
     tree_rollout(task, greedy, engine, 1, seed=0, greedy=True)  # evaluation: one candidate, whatever k
@@ -273,7 +271,7 @@ def test_counterfactual_credit_by_hand_on_the_toy_tree():
     assert [o == pytest.approx(e) for o, e in zip(outcomes, expected)] == [True] * 4
     last = episode.turns[-1].candidates
     assert [c.components[OUTCOME] for c in last] == pytest.approx([c.reward for c in last])
-    compute_advantages([episode], 2, 1e-6, method="counterfactual")
+    compute_advantages([episode], "counterfactual", Credit(2, 1e-6))
     for t, (low, high) in zip(episode.turns, outcomes):
         assert [c.advantage for c in t.candidates] == pytest.approx([low - high, high - low])
 
@@ -313,9 +311,9 @@ def test_counterfactual_credit_needs_the_tree_and_a_sequential_workflow():
         load_task(ROOT / "tasks" / "math.yaml", ["algorithm.advantage=counterfactual"])
     bare = [("p", [cand(index=i, reward=float(i)) for i in range(2)])]
     with pytest.raises(ValueError, match="no counterfactual outcome"):
-        assign_advantages(bare, 2, 1e-6, True, "counterfactual")
+        assign_advantages(bare, "counterfactual", Credit(2, 1e-6, True))
     with pytest.raises(ValueError, match="needs tree sampling"):
-        assign_advantages(bare, 2, 1e-6, False, "counterfactual")
+        assign_advantages(bare, "counterfactual", Credit(2, 1e-6, False))
 
 
 def test_pooled_puts_every_agents_samples_of_a_problem_in_one_group_which_dr_mas_splits():
@@ -326,12 +324,12 @@ def test_pooled_puts_every_agents_samples_of_a_problem_in_one_group_which_dr_mas
     big = [cand(role="a", index=i, reward=r) for i, r in enumerate([10.0, 12.0])]
     small = [cand(role="b", index=i, reward=r) for i, r in enumerate([0.0, 1.0])]
     trajectories = [("p", [big[0], small[0]]), ("p", [big[1], small[1]])]
-    (group,) = assign_advantages(trajectories, 2, 1e-9, False, "pooled")
+    (group,) = assign_advantages(trajectories, "pooled", Credit(2, 1e-9, False))
     assert group.key.role == "*" and len(group.members) == 4
     expected = grpo_advantages([10.0, 0.0, 12.0, 1.0], 1e-9)
     assert [c.advantage for c in (big[0], small[0], big[1], small[1])] == pytest.approx(expected)
     assert all(c.advantage < 0 for c in small)  # even b's better sample: a's scale swamps it
-    assign_advantages(trajectories, 2, 1e-9, False, "dr_mas")
+    assign_advantages(trajectories, "dr_mas", Credit(2, 1e-9, False))
     assert [c.advantage for c in small] == pytest.approx(grpo_advantages([0.0, 1.0], 1e-9))
     assert [c.advantage for c in big] == pytest.approx(grpo_advantages([10.0, 12.0], 1e-9))
 
@@ -347,14 +345,14 @@ def test_gigpo_outcome_normalises_the_episode_outcome_not_the_mean_shaped_reward
         for j, (a, b, _) in enumerate(rows)
     ]
     outcomes = [o for *_, o in rows]
-    assign_advantages(trajectories, 3, 1e-6, False, "gigpo", gigpo_episode="outcome", outcomes=outcomes)
+    assign_advantages(trajectories, "gigpo", Credit(3, 1e-6, False, gigpo_episode="outcome"), outcomes=outcomes)
     episode = grpo_advantages(outcomes, 1e-6)
     assert [unit[1].advantage for _, unit in trajectories] == pytest.approx(episode)  # b: no step group
     assert trajectories[1][1][1].advantage == pytest.approx(trajectories[2][1][1].advantage)
-    assign_advantages(trajectories, 3, 1e-6, False, "gigpo")  # mas-lab's variant: the mean shaped reward
+    assign_advantages(trajectories, "gigpo", Credit(3, 1e-6, False))  # mas-lab's variant: the mean shaped reward
     assert trajectories[0][1][1].advantage > 0 > trajectories[1][1][1].advantage  # the failed episode ranks first
     with pytest.raises(ValueError, match="needs each trajectory's outcome"):
-        assign_advantages(trajectories, 3, 1e-6, False, "gigpo", gigpo_episode="outcome")
+        assign_advantages(trajectories, "gigpo", Credit(3, 1e-6, False, gigpo_episode="outcome"))
 
 
 def test_counterfactual_outcome_credit_is_the_continued_outcome_alone():
@@ -396,3 +394,17 @@ def test_a_variant_of_another_method_is_refused(overrides, said):
 
     with pytest.raises(TaskFileError, match=said):
         load_task(ROOT / "tasks" / "toy.yaml", overrides)
+
+
+def test_the_task_files_methods_are_the_registrys():
+    """One owner per credit method: algorithm.advantage allows exactly the registered methods, and
+    what each needs is stated by its registration (the task file's checks read it)."""
+    import typing
+
+    from mas_lab.algo.credit import METHODS
+    from mas_lab.config import Algorithm
+
+    allowed = typing.get_args(Algorithm.model_fields["advantage"].annotation)
+    assert list(allowed) == list(METHODS)
+    assert [m for m in METHODS if not METHODS[m].tree] == ["gigpo"]
+    assert [m for m in METHODS if METHODS[m].continuations] == ["counterfactual"]

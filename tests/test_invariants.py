@@ -4,6 +4,7 @@ import pytest
 from conftest import ROOT
 from fakes import FakeBackend, FakeEngine
 
+from mas_lab.algo.credit import Credit
 from mas_lab.config import TaskConfig, load_task
 from mas_lab.envs import ProblemPool, ToyEnv
 from mas_lab.records.store import RunStore
@@ -15,7 +16,7 @@ def rollout(task, engine, problems=3):
     pool = ProblemPool(ToyEnv, task.env.params, 0, 0)
     episodes = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(problems)]
     tree_rollout(task, episodes, engine, task.algorithm.k, seed=0)
-    groups = compute_advantages(episodes, task.algorithm.k, task.algorithm.std_eps)
+    groups = compute_advantages(episodes, "at_grpo", Credit.of(task.algorithm, task.roles))
     return episodes, groups
 
 

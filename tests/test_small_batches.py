@@ -6,7 +6,7 @@ from conftest import ROOT
 from fakes import FakeBackend, FakeEngine
 
 from mas_lab.algo.advantage import grpo_advantages, is_zero_std, rloo_advantages
-from mas_lab.algo.credit import assign_advantages
+from mas_lab.algo.credit import Credit, assign_advantages
 from mas_lab.algo.filters import filter_groups
 from mas_lab.algo.groups import Candidate, group_stats
 from mas_lab.config import load_task
@@ -45,12 +45,12 @@ def _candidates(rewards):
 
 
 def test_the_filter_the_statistics_and_the_advantages_agree_on_a_noisy_tie():
-    groups = assign_advantages([("p", _candidates(NOISE))], 3, 1e-6, True, tie_tol=1e-9)
+    groups = assign_advantages([("p", _candidates(NOISE))], "at_grpo", Credit(3, 1e-6, tie_tol=1e-9))
     assert all(c.advantage == 0.0 for c in groups[0].members)
     kept, report = filter_groups(groups, "zero_std", 1e-9)
     assert kept == [] and report.dropped_groups == 1
     assert group_stats(groups[0], kept=False, tol=1e-9).zero_std
-    loose = assign_advantages([("p", _candidates(NOISE))], 3, 1e-6, True)
+    loose = assign_advantages([("p", _candidates(NOISE))], "at_grpo", Credit(3, 1e-6))
     assert filter_groups(loose, "zero_std")[0] == loose  # the default: only exact ties are ties
 
 

@@ -3,6 +3,7 @@ run on the declared workflow with exactly the groups they had before it existed 
 the code before the change), a changed workflow changes them, and a three-role team (tool, planner,
 verifier) samples, scores and trains with every group checked."""
 
+import dataclasses
 import hashlib
 import json
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import ROOT, run_task
 from fakes import FakeEngine
 
+from mas_lab.algo.credit import Credit
 from mas_lab.config import TaskFileError, load_task
 from mas_lab.envs import ENVS, PlanPathEnv, ProblemPool
 from mas_lab.training.episodes import Episode, tree_rollout
@@ -50,8 +52,8 @@ def rollout(task_file, overrides, problems=4):
     pool = ProblemPool(env_cls, task.env.params, 0, 4)
     episodes = [Episode(i, pool.train(i), pool.make(pool.train(i))) for i in range(problems)]
     tree_rollout(task, episodes, FakeEngine(script), task.algorithm.k, seed=0)
-    role_k = {r.name: r.k for r in task.roles if r.k is not None}
-    return task, episodes, compute_advantages(episodes, task.algorithm.k, task.algorithm.std_eps, role_k=role_k)
+    credit = dataclasses.replace(Credit.of(task.algorithm, task.roles), tree=True)  # the rollout above is the tree
+    return task, episodes, compute_advantages(episodes, task.algorithm.advantage, credit)
 
 
 def digest(groups) -> str:
@@ -231,7 +233,7 @@ def test_a_single_agent_with_the_tool_writes_a_program_then_answers_from_its_out
         for turn in episode.turns:
             kind = {"ran", "parsed", "value"} if turn.turn % 2 == 0 else {"format", "value"}
             assert all(set(c.components) == kind for c in turn.candidates), (turn.turn, turn.candidates[0].components)
-    assert {len(g.members) for g in groups} == {task.algorithm.k}  # mas_grpo: K trajectories per problem
+    assert {len(g.members) for g in groups} == {task.algorithm.k}  # the scripted tree: K candidates a group
     assert {g.key.role for g in groups} == {"agent"}
 
 

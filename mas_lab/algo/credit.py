@@ -36,74 +36,172 @@ per problem), so the methods can be compared on identical data. Formulas: docs/a
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from mas_lab.algo.advantage import grpo_advantages, rloo_advantages
 from mas_lab.algo.groups import ALL_TURNS, Candidate, Group, GroupKey, build_groups, build_trajectory_groups
 
-METHODS = ("at_grpo", "rloo", "dr_mas", "pooled", "gigpo", "counterfactual")
 OUTCOME = "counterfactual"  # the reward component holding a candidate's counterfactual credit
+
+Trajectories = list[tuple[str, list[Candidate]]]  # (problem id, its candidates in the order they acted)
+
+
+@dataclass(frozen=True)
+class Credit:
+    """The settings every credit method reads (the task file's algorithm.*), resolved once per run:
+    K, the std epsilon, tree or trajectory sampling, each role's own K, the tie tolerance, and
+    gigpo's step weight, discount and episode return."""
+
+    k: int
+    eps: float = 1e-6
+    tree: bool = True
+    role_k: Mapping[str, int] = field(default_factory=dict)
+    tie_tol: float = 0.0
+    step_weight: float = 1.0
+    step_gamma: float = 0.95
+    gigpo_episode: str = "mean"
+
+    @classmethod
+    def of(cls, algorithm, roles) -> "Credit":
+        """From a task's `algorithm` and `roles` (config.py): a role's own K (roles[].k) read here,
+        the one place it is resolved for grouping."""
+        return cls(
+            k=algorithm.k,
+            eps=algorithm.std_eps,
+            tree=algorithm.mode == "at_grpo",
+            role_k={r.name: r.k for r in roles if r.k is not None},
+            tie_tol=algorithm.tie_tolerance,
+            step_weight=algorithm.step_weight,
+            step_gamma=algorithm.step_gamma,
+            gigpo_episode=algorithm.gigpo_episode,
+        )
+
+
+@dataclass(frozen=True)
+class Method:
+    """A credit method: its function, and what it needs of the rollout (the task file's checks
+    read these, so a method's requirements are stated once, here)."""
+
+    name: str
+    assign: Callable[[Trajectories, Credit, "list[float] | None"], list[Group]]
+    tree: bool = True  # works on the tree (at_grpo sampling)
+    trajectories: bool = True  # works on K independent trajectories (mas_grpo, single_agent)
+    continuations: bool = False  # each candidate's branch continued to the episode's end (episodes.py)
+    sequential: bool = False  # a sequential workflow (one branch holds a turn)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(name: str, **needs: bool) -> Callable:
+    """Register a credit method under `name` (algorithm.advantage), with what it needs."""
+
+    def add(function: Callable) -> Callable:
+        METHODS[name] = Method(name, function, **needs)
+        return function
+
+    return add
+
+
+def method_of(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown advantage method '{name}'; allowed: {list(METHODS)}")
+    return METHODS[name]
 
 
 def assign_advantages(
-    trajectories: list[tuple[str, list[Candidate]]],
-    k: int,
-    eps: float,
-    tree: bool,
-    method: str = "at_grpo",
-    step_weight: float = 1.0,
-    role_k: dict[str, int] | None = None,
-    step_gamma: float = 0.95,
-    tie_tol: float = 0.0,
-    *,
-    gigpo_episode: str = "mean",
-    outcomes: list[float] | None = None,
+    trajectories: Trajectories, method: str, credit: Credit, *, outcomes: list[float] | None = None
 ) -> list[Group]:
-    """Build the groups `method` needs from a step's trajectories (problem id, its candidates in
-    order), check them, and set every candidate's advantage. Returns the groups that carry the
-    baselines: the ones the filter and the store see. Rewards within `tie_tol` of each other
-    count as tied (zero advantages). `outcomes`: each trajectory's episode outcome (its final team
-    reward), what gigpo's episode term normalises with `gigpo_episode` "outcome"."""
-    candidates = [c for _, unit in trajectories for c in unit]
-    if method not in METHODS:
-        raise ValueError(f"unknown advantage method '{method}'; allowed: {list(METHODS)}")
-    if method == "gigpo" and tree:
-        raise ValueError("gigpo needs independent trajectories (algorithm.mode mas_grpo or single_agent)")
-    if method in ("dr_mas", "pooled"):
-        groups = build_agent_groups(candidates) if method == "dr_mas" else build_pooled_groups(candidates)
-        for group in groups:
-            group.set_advantages(grpo_advantages(group.rewards, eps, tie_tol))
-        return groups
-    if method == "counterfactual":
-        if not tree:
-            raise ValueError(
-                "counterfactual continues each candidate's own branch: it needs tree sampling (mode at_grpo)"
-            )
-        groups = build_groups(candidates, k, role_k)
-        for group in groups:
-            missing = [c.index for c in group.members if OUTCOME not in c.components]
-            if missing:
-                raise ValueError(f"group {group.key}: candidates {missing} have no counterfactual outcome")
-            group.rewards = [c.components[OUTCOME] for c in group.members]
-            group.set_advantages(rloo_advantages(group.rewards, tie_tol))
-        return groups
-    if method == "gigpo" and gigpo_episode == "outcome":
+    """Build the groups `method` needs from a step's trajectories, check them, and set every
+    candidate's advantage. Returns the groups that carry the baselines: the ones the filter and the
+    store see. Rewards within credit.tie_tol of each other count as tied (zero advantages).
+    `outcomes`: each trajectory's episode outcome (its final team reward), in order."""
+    chosen = method_of(method)
+    if credit.tree and not chosen.tree:
+        raise ValueError(f"{method} needs independent trajectories (algorithm.mode mas_grpo or single_agent)")
+    if not credit.tree and not chosen.trajectories:
+        raise ValueError(f"{method} continues each candidate's own branch: it needs tree sampling (mode at_grpo)")
+    return chosen.assign(trajectories, credit, outcomes)
+
+
+def _candidates(trajectories: Trajectories) -> list[Candidate]:
+    return [c for _, unit in trajectories for c in unit]
+
+
+def _standard_groups(trajectories: Trajectories, credit: Credit) -> list[Group]:
+    if credit.tree:
+        return build_groups(_candidates(trajectories), credit.k, dict(credit.role_k))
+    return build_trajectory_groups(trajectories, credit.k)
+
+
+@register("at_grpo")
+def at_grpo(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
+    """Eq. 3 in AT-GRPO's groups (problem, agent, turn) on the tree, (problem) on trajectories."""
+    groups = _standard_groups(trajectories, credit)
+    for group in groups:
+        group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
+    return groups
+
+
+@register("rloo")
+def rloo(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
+    """The same groups, each sample against the mean of its K - 1 siblings."""
+    groups = _standard_groups(trajectories, credit)
+    for group in groups:
+        group.set_advantages(rloo_advantages(group.rewards, credit.tie_tol))
+    return groups
+
+
+@register("dr_mas")
+def dr_mas(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
+    """Dr. MAS: groups (problem, agent) over every turn, each sample with its own reward."""
+    groups = build_agent_groups(_candidates(trajectories))
+    for group in groups:
+        group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
+    return groups
+
+
+@register("pooled")
+def pooled(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
+    """Every sample of a problem in one group with its own reward, whatever its agent."""
+    groups = build_pooled_groups(_candidates(trajectories))
+    for group in groups:
+        group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
+    return groups
+
+
+@register("gigpo", tree=False)
+def gigpo(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
+    """GiGPO: the episode advantage (over the mean per-action reward, or the episode outcome with
+    gigpo_episode outcome) plus step_weight times the step advantage within anchor-state groups."""
+    if credit.gigpo_episode == "outcome":
         if outcomes is None:
             raise ValueError("gigpo_episode outcome needs each trajectory's outcome")
-        groups = build_trajectory_groups(trajectories, k, outcomes)
+        groups = build_trajectory_groups(trajectories, credit.k, outcomes)
     else:
-        groups = build_groups(candidates, k, role_k) if tree else build_trajectory_groups(trajectories, k)
+        groups = build_trajectory_groups(trajectories, credit.k)
     for group in groups:
-        group.set_advantages(
-            rloo_advantages(group.rewards, tie_tol)
-            if method == "rloo"
-            else grpo_advantages(group.rewards, eps, tie_tol)
-        )
-    if method == "gigpo":
-        returns = step_returns(trajectories, step_gamma)
-        for step_group in build_step_groups(candidates):
-            step_returns_of = [returns[id(c)] for c in step_group]
-            for candidate, advantage in zip(step_group, grpo_advantages(step_returns_of, eps, tie_tol)):
-                candidate.advantage += step_weight * advantage
+        group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
+    returns = step_returns(trajectories, credit.step_gamma)
+    for step_group in build_step_groups(_candidates(trajectories)):
+        step_returns_of = [returns[id(c)] for c in step_group]
+        for candidate, advantage in zip(step_group, grpo_advantages(step_returns_of, credit.eps, credit.tie_tol)):
+            candidate.advantage += credit.step_weight * advantage
+    return groups
+
+
+@register("counterfactual", trajectories=False, continuations=True, sequential=True)
+def counterfactual(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
+    """C3 on the tree: each candidate's counterfactual credit (the OUTCOME component the rollout
+    stored) against its K - 1 siblings'."""
+    groups = build_groups(_candidates(trajectories), credit.k, dict(credit.role_k))
+    for group in groups:
+        missing = [c.index for c in group.members if OUTCOME not in c.components]
+        if missing:
+            raise ValueError(f"group {group.key}: candidates {missing} have no counterfactual outcome")
+        group.rewards = [c.components[OUTCOME] for c in group.members]
+        group.set_advantages(rloo_advantages(group.rewards, credit.tie_tol))
     return groups
 
 

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from mas_lab.algo.credit import OUTCOME
+from mas_lab.algo.credit import OUTCOME, method_of
 from mas_lab.algo.groups import Candidate
 from mas_lab.config import Sampling, TaskConfig
 from mas_lab.envs.base import Env, EnvError, Problem
@@ -205,7 +205,7 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
     results = list(_SCORING_POOL.map(score, branches, flat))
     timing.reward_s += time.perf_counter() - started
     outcomes: list[float] | None = None
-    if task.algorithm.advantage == "counterfactual" and not greedy:
+    if method_of(task.algorithm.advantage).continuations and not greedy:
         problems = [e.problem for e in live for _ in range(k)]
         outcomes = counterfactual_outcomes(task, branches, problems, turn, agent_index, generate, seed, timing)
 

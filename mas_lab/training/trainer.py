@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mas_lab.actors.backend import PolicyBackend
 from mas_lab.algo import Group, filter_groups, group_stats
-from mas_lab.algo.credit import assign_advantages
+from mas_lab.algo.credit import Credit, assign_advantages
 from mas_lab.analysis.evidence import HeldOut
 from mas_lab.analysis.reporting import reward_metrics
 from mas_lab.config import TaskConfig
@@ -44,37 +44,13 @@ class TrainStep:
     metrics: dict[str, float]
 
 
-def compute_advantages(
-    episodes: list[Episode],
-    k: int,
-    eps: float,
-    tree: bool = True,
-    method: str = "at_grpo",
-    step_weight: float = 1.0,
-    role_k: dict[str, int] | None = None,
-    step_gamma: float = 0.95,
-    tie_tol: float = 0.0,
-    gigpo_episode: str = "mean",
-) -> list[Group]:
+def compute_advantages(episodes: list[Episode], method: str, credit: Credit) -> list[Group]:
     """Build the groups of a step, check their invariants, and set each candidate's advantage by
     `method` (algo/credit.py). Tree (at_grpo): groups (problem, agent, turn) of K candidates from one
     observation (Sec. 4.1); otherwise (mas_grpo, single_agent): groups (problem) of K independent
     trajectories."""
     trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
-    outcomes = [e.final_team for e in episodes]
-    return assign_advantages(
-        trajectories,
-        k,
-        eps,
-        tree,
-        method,
-        step_weight,
-        role_k,
-        step_gamma,
-        tie_tol,
-        gigpo_episode=gigpo_episode,
-        outcomes=outcomes,
-    )
+    return assign_advantages(trajectories, method, credit, outcomes=[e.final_team for e in episodes])
 
 
 class Trainer:
@@ -90,6 +66,7 @@ class Trainer:
         # The mode, decided once: tree sampling (K candidates per (turn, agent), groups per
         # (problem, agent, turn)) or K independent trajectories per problem (trajectory groups).
         self.tree = task.algorithm.mode == "at_grpo"
+        self.credit = Credit.of(task.algorithm, task.roles)  # the credit settings, each role's K, read once
         self.backend = backend
         self.store = store
         self.tracker = tracker
@@ -179,19 +156,7 @@ class Trainer:
 
         no_refusals()
         # ---- ALGORITHM 1: group (problem, agent, turn) and advantages (Eq. 3, or the task's credit method)
-        role_k = {r.name: r.k for r in task.roles if r.k is not None}
-        groups = compute_advantages(
-            episodes,
-            algo.k,
-            algo.std_eps,
-            self.tree,
-            algo.advantage,
-            algo.step_weight,
-            role_k,
-            algo.step_gamma,
-            algo.tie_tolerance,
-            algo.gigpo_episode,
-        )
+        groups = compute_advantages(episodes, algo.advantage, self.credit)
         # ---- ALGORITHM 1: filter, and route each sample to its role's policy sigma(agent)
         kept, report = filter_groups(groups, algo.filter, algo.tie_tolerance)
         kept_keys = {g.key for g in kept}
