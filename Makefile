@@ -28,7 +28,7 @@ test: venv
 test-all: venv
 	$(BIN)/python -m pytest -q -m "not vllm" --durations=15 -n 2 --dist loadgroup
 
-CODE := mas_lab tui tests benchmarks tools
+CODE := mas_lab tui tests benchmarks experiments tools
 lint: venv
 	$(BIN)/ruff check $(CODE)
 	$(BIN)/ruff format --check $(CODE)

@@ -77,12 +77,10 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
 def test_the_reading_baseline_copies_the_letters_the_observation_states():
     import random
 
-    from conftest import load_benchmark
-
     from mas_lab.envs.plan_path import PlanPathEnv
+    from mas_lab.training.baselines import reading_answers
 
-    reading = load_benchmark("reading_baseline")
-    answers = reading.reading_answers(
+    answers = reading_answers(
         "S (you) is at row 2, col 0; G is at row 0, col 1. G is 2 rows up (U U) and "
         "1 column right (R) of S.\nMoves: U (row-1), D (row+1), L (col-1), R (col+1)."
     )
@@ -90,7 +88,7 @@ def test_the_reading_baseline_copies_the_letters_the_observation_states():
     params = {"size": 3, "wall_prob": 0.0, "min_distance": 1, "hint": "letters"}
     problem = PlanPathEnv.draw_problem(random.Random(2), params)
     env = PlanPathEnv(problem, params)
-    stated = reading.reading_answers(env.observe("planner", 0))["sentence 1"]
+    stated = reading_answers(env.observe("planner", 0))["sentence 1"]
     assert env.step("planner", 0, stated).components["value"] == 1.0  # no walls: the straight way arrives
 
 

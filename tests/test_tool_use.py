@@ -1,4 +1,4 @@
-"""tools/tool_use.py tells a planner that copies the tool's first move from one that reads the
+"""experiments/tool_use.py tells a planner that copies the tool's first move from one that reads the
 coordinates, on a store written by the real RunStore."""
 
 import sys
@@ -9,7 +9,7 @@ from conftest import ROOT
 from mas_lab.algo import Candidate
 from mas_lab.records.store import RunStore
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "experiments"))
 from tool_use import summarise  # noqa: E402
 
 

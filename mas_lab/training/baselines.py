@@ -20,6 +20,7 @@ hard split.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -295,3 +296,23 @@ def baseline_outcomes(task: "TaskConfig", problems: Sequence[Problem]) -> dict[s
             continue
         out[name] = (RULE_LABELS[name], solved)
     return out
+
+
+# --- reading the observation's own letters (experiments/reading_baseline.py plays them) --------------
+SENTENCE = re.compile(r"[^.\n]*\([UDLR](?: [UDLR])*\)[^.\n]*\.")
+GROUP = re.compile(r"\(([UDLR](?: [UDLR])*)\)")
+
+
+def reading_answers(observation: str) -> dict[str, str]:
+    """rule -> "Moves: ..." built from the move letters an observation states in parentheses
+    (`hint: letters`: "G is 2 rows up (U U) and 1 column right (R) of S."): each sentence's letters
+    in the stated order, its two groups swapped, and all sentences' letters together."""
+    sentences = [GROUP.findall(s) for s in SENTENCE.findall(observation)]
+    rules = {}
+    for k, groups in enumerate(sentences, 1):
+        rules[f"sentence {k}"] = " ".join(groups)
+        if len(groups) == 2:
+            rules[f"sentence {k} swapped"] = " ".join(groups[::-1])
+    if len(sentences) > 1:
+        rules["all sentences"] = " ".join(g for groups in sentences for g in groups)
+    return {rule: f"Moves: {letters}" for rule, letters in rules.items() if letters}

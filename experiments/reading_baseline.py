@@ -2,9 +2,9 @@
 observation states in parentheses (Plan-Path: "G is 2 rows up (U U) and 1 column right (R) of
 S."; Sokoban: the box's offset from you, then the target's from the box), played on the held-out
 problems without a model. It bounds what a team that learned to read (not to plan) can reach, as
-the constant-answer baseline (benchmarks/constant_baseline.py) bounds a team that reads nothing.
+the constant-answer baseline (experiments/constant_baseline.py) bounds a team that reads nothing.
 
-    .venv/bin/python benchmarks/reading_baseline.py [TASK.yaml] [--seeds 0 1 2]
+    .venv/bin/python experiments/reading_baseline.py [TASK.yaml] [--seeds 0 1 2]
 
 Prints one JSON line per seed: problems solved by each fixed reading rule (sentence k's letters in
 the stated order, or its two groups swapped), and by the best rule per problem ("any").
@@ -12,27 +12,10 @@ the stated order, or its two groups swapped), and by the best rule per problem (
 
 import argparse
 import json
-import re
 
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
-from mas_lab.training.baselines import solves
-
-SENTENCE = re.compile(r"[^.\n]*\([UDLR](?: [UDLR])*\)[^.\n]*\.")
-GROUP = re.compile(r"\(([UDLR](?: [UDLR])*)\)")
-
-
-def reading_answers(observation: str) -> dict[str, str]:
-    """rule -> "Moves: ..." built from the observation's letters."""
-    sentences = [GROUP.findall(s) for s in SENTENCE.findall(observation)]
-    rules = {}
-    for k, groups in enumerate(sentences, 1):
-        rules[f"sentence {k}"] = " ".join(groups)
-        if len(groups) == 2:
-            rules[f"sentence {k} swapped"] = " ".join(groups[::-1])
-    if len(sentences) > 1:
-        rules["all sentences"] = " ".join(g for groups in sentences for g in groups)
-    return {rule: f"Moves: {letters}" for rule, letters in rules.items() if letters}
+from mas_lab.training.baselines import reading_answers, solves
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Measured sweeps for the learning issue: does AT-GRPO lift an SmolLM2 team on Plan-Path?
 
-    .venv/bin/python benchmarks/sweep.py base  --out sweeps/base.jsonl  [--only NAME ...]
-    .venv/bin/python benchmarks/sweep.py train --out sweeps/train.jsonl [--only NAME ...] [--train-set K=V ...]
+    .venv/bin/python experiments/sweep.py base  --out sweeps/base.jsonl  [--only NAME ...]
+    .venv/bin/python experiments/sweep.py train --out sweeps/train.jsonl [--only NAME ...] [--train-set K=V ...]
 
 `base`: the untrained team, S sampled trajectories per held-out problem at the roles' own
 settings, for each setting (temperature, dtype, prompt): where is success small but non-zero?

@@ -1,6 +1,6 @@
 """Run the paper's comparison on Plan-Path with small budgets and print one JSON row per regime.
 
-    .venv/bin/python benchmarks/regimes.py [--steps 3] [--problems 4] [--eval-problems 16] [--only NAME ...]
+    .venv/bin/python experiments/regimes.py [--steps 3] [--problems 4] [--eval-problems 16] [--only NAME ...]
 
 Each regime is a real `mas-lab run` (its step-0 evaluation is the untrained number, its final
 evaluation the trained one). Peak memory is the largest sum of resident memory over the run's

@@ -2,7 +2,7 @@
 clear to count as solving the task (mas_lab/training/baselines.py; `mas-lab run` and `mas-lab eval` report
 it too).
 
-    .venv/bin/python benchmarks/constant_baseline.py [TASK.yaml] [--seeds 0 1 2] [--problems N]
+    .venv/bin/python experiments/constant_baseline.py [TASK.yaml] [--seeds 0 1 2] [--problems N]
 
 Prints one JSON line per seed: the best fixed answer of the task's environment, the problems it
 solves, and the 95% Wilson interval.

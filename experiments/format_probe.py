@@ -1,7 +1,7 @@
 """How often does a policy state a legal answer, and how often a right one? Samples the answering
 role's first reply on training problems and scores each on a fresh state (no tool output shown).
 
-    .venv/bin/python benchmarks/format_probe.py [TASK.yaml] [--problems 32] [--k 4]
+    .venv/bin/python experiments/format_probe.py [TASK.yaml] [--problems 32] [--k 4]
         [--temperatures 1.0 0.7] [--top-p 1.0 0.9] [--checkpoint CKPT_DIR/POLICY]
 
 Prints one JSON line per temperature: the share of legal answers, of solved problems, and the

@@ -5,7 +5,7 @@ coordinates (what a reading rule would do), and how often the whole answer is th
 On the hard split (a detour needed) the tool's first move and the straight way's part often differ,
 which tells copying from reading.
 
-    .venv/bin/python tools/tool_use.py RUN_DIR_or_run.db [--step N]   # prints JSON lines
+    .venv/bin/python experiments/tool_use.py RUN_DIR_or_run.db [--step N]   # prints JSON lines
 """
 
 from __future__ import annotations
