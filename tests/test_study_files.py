@@ -45,7 +45,7 @@ def test_a_study_file_over_the_size_limit_is_refused_before_parsing(tmp_path):
 
 def test_a_report_target_that_is_a_folder_is_refused_when_the_study_loads(tmp_path):
     (tmp_path / "folder.md").mkdir()
-    text = GOOD.replace("results_md: docs/results.md", f"results_md: {tmp_path / 'folder.md'}")
+    text = GOOD.replace("results_md: docs/results/paper.md", f"results_md: {tmp_path / 'folder.md'}")
     assert text != GOOD
     with pytest.raises(StudyFileError, match="report.results_md: .* is a folder"):
         load_study(_study(tmp_path, text), ROOT)

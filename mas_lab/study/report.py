@@ -2,7 +2,7 @@
 Wilson intervals and per-seed values, the untrained rows, and every baseline without a model on the
 same held-out problems: the constant answer and the reading rules), the orderings that the
 intervals and every seed support, the swap ablation, the curves, and the family's section of
-docs/results.md."""
+docs/results/ (linked from docs/results.md)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ summary and its store (xz-compressed) are kept in the repository, results/reprod
 seed-<n>/, the report is built from those alone, and a kept run is not run again. A run an earlier
 session left unfinished continues from its last checkpoint (`mas-lab run --resume`), losing at most
 the step in flight. After each per-role run, the swap ablation: `mas-lab eval --swap-policies` on
-its final checkpoint. After every run the family's generated section of docs/results.md and its
+its final checkpoint. After every run the family's generated section of docs/results/paper.md and its
 curves (docs/images/reproduce_<task>.png) are rewritten from what is complete.
 """
 

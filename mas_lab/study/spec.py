@@ -12,7 +12,7 @@
     tasks:
       - {key: plan_path, stem: plan_path_learns, title: ..., setting: ..., out: ..., archive: ...,
          reuse: {MAS + AT-GRPO shared: results/other/plan_path/mas--at-grpo-shared}}  # mas_lab/study/reuse.py
-    report: {results_md: docs/results.md, images: docs/images}
+    report: {results_md: docs/results/paper.md, images: docs/images}
 
 Paths are relative to the folder `mas-lab study` runs in. A wrong file raises StudyFileError naming
 the file, the field and what is allowed, before anything is written.
