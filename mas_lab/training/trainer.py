@@ -27,6 +27,7 @@ from mas_lab.records.store import RunStore
 from mas_lab.records.tracking import Tracker
 from mas_lab.sandbox import isolation as sandbox
 from mas_lab.training.baselines import ConstantBaseline, task_pool
+from mas_lab.training.curriculum import promotion
 from mas_lab.training.diagnostics import diagnostics
 from mas_lab.training.episodes import Episode, Generate, Timing, call_seed, tree_rollout
 from mas_lab.training.evaluation import Evaluator, no_refusals
@@ -102,28 +103,11 @@ class Trainer:
         return chosen
 
     def promote(self, step: int) -> None:
-        """Move to the next curriculum stage when this one has run `min_steps` steps and the mean
-        training success of its last `window` steps reaches `promote_at` (read from the store, so
-        a resumed run decides exactly as the original)."""
-        stages = self.task.train.curriculum
-        if self.stage >= len(stages):
-            return
-        stage = stages[self.stage]
-        metrics = self.store.metrics()
-        done = [s for s in range(self.stage_started + 1, step + 1) if "success_rate" in metrics.get(s, {})]
-        if len(done) < stage.min_steps:
-            return
-        recent = [metrics[s]["success_rate"] for s in done[-stage.window :]]
-        rolling = statistics.fmean(recent)
-        if rolling >= stage.promote_at:
+        """Move to the next curriculum stage when its rule says so (training/curriculum.py)."""
+        said = promotion(self.task.train.curriculum, self.store.metrics(), self.stage, self.stage_started, step)
+        if said is not None:
             self.stage, self.stage_started, self.cursor = self.stage + 1, step, 0
-            final = " (the task's own problems)" if self.stage == len(stages) else ""
-            self.store.event(
-                step,
-                "curriculum",
-                f"stage {self.stage}{final} from step {step + 1}: training success "
-                f"{rolling:.3f} over the last {len(recent)} steps reached {stage.promote_at}",
-            )
+            self.store.event(step, "curriculum", said)
 
     def train_step(self, step: int, progress: Progress | None = None) -> TrainStep:
         """Algorithm 1, one step: sample, group, advantages, filter, update, sync, record."""
