@@ -239,6 +239,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         ("stopped early" if summary.get("stopped") else "finished", f"after step {summary.get('steps')}"),
         ("eval success before", shown(summary.get("before"))),
         ("eval success after", shown(summary.get("after"))),
+        *([("latest evaluation", shown(summary["latest"]))] if summary.get("latest") else []),
         ("best constant answer (no model)", shown_constant(summary.get("constant"))),
         *[
             (f"{b['label']} (no model)", f"{b['success']:.3f}  95% [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]")

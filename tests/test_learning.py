@@ -165,3 +165,22 @@ def test_a_program_then_answer_agent_warms_up_on_one_demonstration_of_each_kind(
     tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-test"))
     texts = [tokenizer.decode(s.response_ids) for s in samples]
     assert sum(t.startswith("```python") for t in texts) == 3 and sum(t.startswith("Moves:") for t in texts) == 3
+
+
+def test_a_run_stopped_early_reports_its_latest_evaluation(tmp_path):
+    """A run stopped after step 11 with an evaluation at step 10 said "after: not evaluated" and
+    nothing of step 10. "After" stays the final step's only (the paired verdicts read it); the
+    latest evaluation is reported beside it."""
+    from fakes import FakeBackend, FakeEngine
+
+    task = load_task(ROOT / "tasks" / "toy.yaml", ["train.steps=20"])
+    trainer = Trainer(task, FakeBackend(FakeEngine()), RunStore(tmp_path / "run.db"))
+    for step, success in ((0, 0.25), (10, 0.75)):
+        metrics = {"eval/success_rate": success, "eval/success_ci_low": 0.0, "eval/success_ci_high": 1.0}
+        trainer.store.write_step(step, 0.0, [], "eval", metrics=metrics)
+    trainer.step = 11
+    summary = trainer.summary()
+    assert summary["after"] is None and summary["stopped"]
+    assert summary["latest"]["step"] == 10 and summary["latest"]["success"] == 0.75
+    trainer.step = 10
+    assert trainer.summary()["latest"] is None  # the last evaluation is the final step's: it is "after"

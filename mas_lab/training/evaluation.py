@@ -213,6 +213,8 @@ class Evaluator:
             "eval_after": after["success"] if after else None,
             "before": before,
             "after": after,
+            # a run stopped early has no "after"; its latest evaluation is still what it last measured
+            "latest": at(evals[-1]) if after is None and len(evals) > 1 else None,
             "constant": constant,
             "baselines": baselines,
             "hard_after": (
