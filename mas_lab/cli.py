@@ -229,6 +229,9 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         low, high = result["ci"]
         return f"{result['success']:.3f}  95% [{low:.3f}, {high:.3f}]  (step {result['step']})"
 
+    def shown_hard(hard: dict) -> str:
+        return f"{hard['success']:.3f}  95% [{hard['ci'][0]:.3f}, {hard['ci'][1]:.3f}]  ({hard['problems']} problems)"
+
     def shown_constant(constant: dict | None) -> str:
         if constant is None:
             return "- (this task has none)"
@@ -247,14 +250,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
             if name != "constant"
         ],
         *(
-            [
-                (
-                    "hard split after (a detour needed)",
-                    f"{summary['hard_after']['success']:.3f}  95% "
-                    f"[{summary['hard_after']['ci'][0]:.3f}, {summary['hard_after']['ci'][1]:.3f}]  "
-                    f"({summary['hard_after']['problems']} problems)",
-                )
-            ]
+            [("hard split after (a detour needed)", shown_hard(summary["hard_after"]))]
             if summary.get("hard_after")
             else []
         ),

@@ -44,6 +44,7 @@ def test_run_prints_progress_and_a_summary(finished_run):
         "eval_after",
         "before",
         "after",
+        "latest",
         "constant",
         "baselines",
         "hard_after",
