@@ -17,17 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def load_benchmark(name: str):
-    """A script of benchmarks/ as a module (registered, since dataclasses look their module up)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def wait_for(predicate, timeout=120, what="condition", interval=0.02):
     """Poll `predicate` until it returns something truthy (returned), or fail after `timeout` s."""
     import time

@@ -135,13 +135,17 @@ def _standard_groups(trajectories: Trajectories, credit: Credit) -> list[Group]:
     return build_trajectory_groups(trajectories, credit.k)
 
 
-@register("at_grpo")
-def at_grpo(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
-    """Eq. 3 in AT-GRPO's groups (problem, agent, turn) on the tree, (problem) on trajectories."""
-    groups = _standard_groups(trajectories, credit)
+def _standardised(groups: list[Group], credit: Credit) -> list[Group]:
+    """Eq. 3 inside each group: A = (r - mean) / (std + eps), tied rewards 0."""
     for group in groups:
         group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
     return groups
+
+
+@register("at_grpo")
+def at_grpo(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
+    """Eq. 3 in AT-GRPO's groups (problem, agent, turn) on the tree, (problem) on trajectories."""
+    return _standardised(_standard_groups(trajectories, credit), credit)
 
 
 @register("rloo")
@@ -156,19 +160,13 @@ def rloo(trajectories: Trajectories, credit: Credit, outcomes: list[float] | Non
 @register("dr_mas")
 def dr_mas(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
     """Dr. MAS: groups (problem, agent) over every turn, each sample with its own reward."""
-    groups = build_agent_groups(_candidates(trajectories))
-    for group in groups:
-        group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
-    return groups
+    return _standardised(build_agent_groups(_candidates(trajectories)), credit)
 
 
 @register("pooled")
 def pooled(trajectories: Trajectories, credit: Credit, outcomes: list[float] | None = None) -> list[Group]:
     """Every sample of a problem in one group with its own reward, whatever its agent."""
-    groups = build_pooled_groups(_candidates(trajectories))
-    for group in groups:
-        group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
-    return groups
+    return _standardised(build_pooled_groups(_candidates(trajectories)), credit)
 
 
 @register("gigpo", tree=False)
@@ -181,8 +179,7 @@ def gigpo(trajectories: Trajectories, credit: Credit, outcomes: list[float] | No
         groups = build_trajectory_groups(trajectories, credit.k, outcomes)
     else:
         groups = build_trajectory_groups(trajectories, credit.k)
-    for group in groups:
-        group.set_advantages(grpo_advantages(group.rewards, credit.eps, credit.tie_tol))
+    _standardised(groups, credit)
     returns = step_returns(trajectories, credit.step_gamma)
     for step_group in build_step_groups(_candidates(trajectories)):
         step_returns_of = [returns[id(c)] for c in step_group]
@@ -220,32 +217,28 @@ def step_returns(trajectories: list[tuple[str, list[Candidate]]], gamma: float) 
 
 def build_agent_groups(candidates: list[Candidate]) -> list[Group]:
     """Dr. MAS's groups: (problem, agent) over every turn, each candidate a unit with its own
-    reward (key turn ALL_TURNS). A sample alone in its group has no baseline: advantage 0, and
-    no group (it is not trained on)."""
+    reward (key turn ALL_TURNS)."""
+    return _unit_groups(candidates, lambda c: GroupKey(c.problem_id, c.role, ALL_TURNS))
+
+
+def build_pooled_groups(candidates: list[Candidate]) -> list[Group]:
+    """The pooled groups: (problem) over every agent and turn, each candidate a unit with its own
+    reward (key: the trajectory key, every agent and every turn)."""
+    return _unit_groups(candidates, lambda c: GroupKey.trajectory(c.problem_id))
+
+
+def _unit_groups(candidates: list[Candidate], key_of: Callable[[Candidate], GroupKey]) -> list[Group]:
+    """Candidates grouped by `key_of`, each a unit with its own reward. A sample alone in its group
+    has no baseline: advantage 0, and no group (it is not trained on)."""
     by_key: dict[GroupKey, list[Candidate]] = defaultdict(list)
     for candidate in candidates:
-        by_key[GroupKey(candidate.problem_id, candidate.role, ALL_TURNS)].append(candidate)
+        by_key[key_of(candidate)].append(candidate)
     groups = []
     for key, members in by_key.items():
         if len(members) < 2:
             members[0].advantage = 0.0
             continue
         groups.append(Group(key, [[c] for c in members], [c.reward for c in members]))
-    return groups
-
-
-def build_pooled_groups(candidates: list[Candidate]) -> list[Group]:
-    """The pooled groups: (problem) over every agent and turn, each candidate a unit with its own
-    reward (key: the trajectory key, every agent and every turn)."""
-    by_problem: dict[str, list[Candidate]] = defaultdict(list)
-    for candidate in candidates:
-        by_problem[candidate.problem_id].append(candidate)
-    groups = []
-    for problem_id, members in by_problem.items():
-        if len(members) < 2:
-            members[0].advantage = 0.0
-            continue
-        groups.append(Group(GroupKey.trajectory(problem_id), [[c] for c in members], [c.reward for c in members]))
     return groups
 
 

@@ -693,6 +693,14 @@ def take_refusal() -> str | None:
     return reason
 
 
+def raise_refusal() -> None:
+    """Stop the run when programs were refused since the last call (no bubblewrap, fallback not
+    allowed): a step scored on refusals would train on zeros that say nothing about the programs."""
+    reason = take_refusal()
+    if reason is not None:
+        raise SandboxUnavailable(reason)
+
+
 def run_python(code: str, limits: Limits = Limits(), stdin: str = "") -> SandboxResult:
     """Run `code` under the isolation of `capabilities()`; never raises (a refusal is a status,
     sandbox_error, and is recorded for take_refusal)."""

@@ -25,7 +25,7 @@ from mas_lab.analysis.reporting import (
 from mas_lab.config import TaskConfig
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.records.store import RunStore
-from mas_lab.sandbox import isolation as sandbox
+from mas_lab.sandbox import raise_refusal
 from mas_lab.training.baselines import (
     RULE_LABELS,
     ConstantBaseline,
@@ -52,14 +52,6 @@ from mas_lab.training.metric_names import (
     OPTIMUM_MOVES,
     rule_key,
 )
-
-
-def no_refusals() -> None:
-    """Stop the run when the sandbox refused programs (no bubblewrap, fallback not allowed): a
-    step scored on refusals would train on zeros that say nothing about the programs."""
-    reason = sandbox.take_refusal()
-    if reason is not None:
-        raise sandbox.SandboxUnavailable(reason)
 
 
 class Evaluator:
@@ -89,7 +81,7 @@ class Evaluator:
         tree_rollout(
             self.task, episodes, self.generate, 1, call_seed(self.task.train.seed, "eval"), greedy=samples == 1
         )
-        no_refusals()
+        raise_refusal()
         main = episodes[: len(problems) * samples]
         metrics = reward_metrics(main, prefix=EVAL_PREFIX)
         low, high = wilson_interval(sum(e.success for e in main), len(main))

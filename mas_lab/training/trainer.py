@@ -30,7 +30,7 @@ from mas_lab.training.baselines import ConstantBaseline, task_pool
 from mas_lab.training.curriculum import promotion
 from mas_lab.training.diagnostics import diagnostics
 from mas_lab.training.episodes import Episode, Generate, Timing, call_seed, tree_rollout
-from mas_lab.training.evaluation import Evaluator, no_refusals
+from mas_lab.training.evaluation import Evaluator
 from mas_lab.training.metric_names import LEARNER_METRICS, TIME_KEYS
 from mas_lab.training.progress import Progress, ProgressEvent
 from mas_lab.training.warmup import format_warm_up
@@ -138,7 +138,7 @@ class Trainer:
             on_turn=lambda t, role: tell(ProgressEvent(f"rollout t{t} {role}", step)),
         )
 
-        no_refusals()
+        sandbox.raise_refusal()
         # ---- ALGORITHM 1: group (problem, agent, turn) and advantages (Eq. 3, or the task's credit method)
         groups = compute_advantages(episodes, algo.advantage, self.credit)
         # ---- ALGORITHM 1: filter, and route each sample to its role's policy sigma(agent)
