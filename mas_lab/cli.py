@@ -53,8 +53,11 @@ class Kind(str, Enum):
 
 
 class Mode(str, Enum):
-    mas = "mas"
+    """Who plays in `eval` (config.EVAL_MODES): the team, or one agent; `mas` is the old name of team."""
+
+    team = "team"
     single_agent = "single_agent"
+    mas = "mas"
 
 
 def _version(value: bool) -> None:
@@ -311,7 +314,7 @@ def evaluate(
         None, "--checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/step-N)"
     ),
     mode: Optional[Mode] = typer.Option(
-        None, "--mode", help="team (mas) or one agent (single_agent); default: the task's own"
+        None, "--mode", help="team or single_agent (one agent; mas: old name of team); default: the task's own"
     ),
     swap: bool = typer.Option(False, "--swap-policies", help="rotate the role -> policy map (two roles: swap)"),
     problems: Optional[int] = typer.Option(None, "--problems", help="held-out problems (default: train.eval_problems)"),

@@ -14,6 +14,12 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+# One vocabulary (docs/cli.md): algorithm.mode says how the team is sampled; evaluation asks only
+# whether the team or one agent plays. The old names stay accepted so kept runs mean what they meant.
+MODE_ALIASES = {"at_grpo": "tree", "mas_grpo": "trajectories"}
+EVAL_MODES = ("team", "single_agent")
+EVAL_MODE_ALIASES = {"mas": "team"}
+
 
 class TaskFileError(Exception):
     """A task file that cannot be used; the message names the file, the field and what is allowed."""
@@ -62,7 +68,7 @@ class Role(_Strict):
         ge=2,
         le=64,
         description="this role's own number of candidates per (agent, turn) group (default: "
-        "algorithm.k); tree sampling only (algorithm.mode at_grpo)",
+        "algorithm.k); tree sampling only (algorithm.mode tree)",
     )
     system_prompt: Optional[str] = Field(
         None,
@@ -141,12 +147,21 @@ class Policy(_Strict):
 class Algorithm(_Strict):
     """AT-GRPO settings (paper Algorithm 1 and the clipped objective, Eq. 5)."""
 
-    mode: Literal["at_grpo", "mas_grpo", "single_agent"] = Field(
-        "at_grpo",
-        description="at_grpo: tree sampling, groups per (problem, agent, turn); mas_grpo: K independent "
-        "multi-agent trajectories, one group per problem; single_agent: one role does the task, GRPO over K trajectories",
+    mode: Literal["tree", "trajectories", "single_agent"] = Field(
+        "tree",
+        description="tree: the team, K candidates per (turn, agent) from one observation, groups per (problem, "
+        "agent, turn) (AT-GRPO, Sec. 4.1); trajectories: the team, K independent trajectories, one group per "
+        "problem (MAS + trajectory GRPO); single_agent: one role does the task, GRPO over K trajectories. "
+        "The old names at_grpo (tree) and mas_grpo (trajectories) are accepted",
     )
     k: int = Field(4, le=1024, description="candidates per (turn, agent): the group size K (2 to 1024)")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_alias(cls, value: Any) -> Any:
+        """Task files and kept runs written before the rename (at_grpo, mas_grpo) mean what they meant."""
+        return MODE_ALIASES.get(value, value) if isinstance(value, str) else value
+
     clip_eps_low: float = Field(
         0.2, gt=0.0, lt=1.0, description="PPO clip: the ratio is clipped below at 1 - eps_low (Schulman et al. 2017)"
     )
@@ -480,12 +495,12 @@ class TaskConfig(_Strict):
         from mas_lab.algo.credit import METHODS
 
         method, mode = METHODS[self.algorithm.advantage], self.algorithm.mode
-        tree = mode == "at_grpo"
+        tree = mode == "tree"
         fits = [m.name for m in METHODS.values() if (m.tree if tree else m.trajectories)]
         if tree and not method.tree:
             raise ValueError(
                 f"algorithm.advantage: {method.name} needs independent trajectories; allowed with algorithm.mode "
-                f"at_grpo: {', '.join(fits)} (or use mode mas_grpo or single_agent)"
+                f"tree: {', '.join(fits)} (or use mode trajectories or single_agent)"
             )
         if not tree and not method.trajectories:
             raise ValueError(
@@ -535,9 +550,9 @@ class TaskConfig(_Strict):
             raise ValueError(f"roles: environment '{self.env.name}' {where} {expected} in this order, got {names}")
         self._credit_needs(env)
         for i, role in enumerate(self.roles):
-            if role.k is not None and self.algorithm.mode != "at_grpo":
+            if role.k is not None and self.algorithm.mode != "tree":
                 raise ValueError(
-                    f"roles.{i}.k: a role's own K needs tree sampling (algorithm.mode at_grpo); in "
+                    f"roles.{i}.k: a role's own K needs tree sampling (algorithm.mode tree); in "
                     f"{self.algorithm.mode} a group is K whole trajectories (algorithm.k); allowed: leave it unset"
                 )
         if self.resources.colocate is True:
@@ -607,7 +622,8 @@ class TaskConfig(_Strict):
 
 
 def as_mode(task: TaskConfig, mode: str) -> TaskConfig:
-    """The same task run as a team (`mas`) or by one agent (`single_agent`), for evaluation.
+    """The same task run as a team (`team`; `mas` is accepted) or by one agent (`single_agent`), for
+    evaluation: `single_agent` is the word algorithm.mode uses, and `team` covers its two team modes.
 
     MAS -> single agent: the env's single role uses the last role's policy and sampling (the
     role whose actions change the state). Single agent -> MAS: every role uses that policy."""
@@ -616,16 +632,17 @@ def as_mode(task: TaskConfig, mode: str) -> TaskConfig:
     env = ENVS[task.env.name]
     data = task.model_dump(mode="json")
     is_single = task.algorithm.mode == "single_agent"
+    mode = EVAL_MODE_ALIASES.get(mode, mode)
     if mode == "single_agent" and not is_single:
         last = data["roles"][-1]
         data["roles"] = [{**last, "name": env.single_role}]
         data["algorithm"]["mode"] = "single_agent"
-    elif mode == "mas" and is_single:
+    elif mode == "team" and is_single:
         only = data["roles"][0]
         data["roles"] = [{**only, "name": name} for name in env.roles_for(task.env.params)]
-        data["algorithm"]["mode"] = "at_grpo"
-    elif mode not in ("mas", "single_agent"):
-        raise TaskFileError(f"unknown evaluation mode '{mode}'; allowed: ['mas', 'single_agent']")
+        data["algorithm"]["mode"] = "tree"
+    elif mode not in EVAL_MODES:
+        raise TaskFileError(f"unknown evaluation mode '{mode}'; allowed: {list(EVAL_MODES)}")
     used = {r["policy"] for r in data["roles"]}
     data["policies"] = {name: p for name, p in data["policies"].items() if name in used}
     return TaskConfig.model_validate(data)

@@ -110,7 +110,12 @@ def test_gigpo_advantages_recomputed_from_a_real_runs_store(tmp_path):
     from mas_lab.records.store import RunStore
     from mas_lab.training.trainer import Trainer
 
-    overrides = ["algorithm.mode=mas_grpo", "algorithm.advantage=gigpo", "algorithm.step_gamma=0.8", "train.steps=1"]
+    overrides = [
+        "algorithm.mode=trajectories",
+        "algorithm.advantage=gigpo",
+        "algorithm.step_gamma=0.8",
+        "train.steps=1",
+    ]
     task = load_task(ROOT / "tasks" / "toy.yaml", overrides)
     trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / "run.db"))
     trainer.train_step(1)
@@ -207,7 +212,7 @@ def test_a_roles_own_k_sizes_its_groups_and_needs_tree_sampling(tmp_path):
     tree_rollout(task, greedy, engine, 1, seed=0, greedy=True)  # evaluation: one candidate, whatever k
     assert {call["n"] for call in engine.calls} == {1}
     with pytest.raises(TaskFileError, match="field 'roles.0.k': a role's own K needs tree sampling"):
-        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo", "roles.0.k=2"])
+        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=trajectories", "roles.0.k=2"])
 
 
 def test_role_grad_norms_measure_each_roles_samples_alone():
@@ -306,7 +311,7 @@ def test_counterfactual_credit_needs_the_tree_and_a_sequential_workflow():
     from mas_lab.config import TaskFileError, load_task
 
     with pytest.raises(TaskFileError, match="counterfactual continues each candidate's own branch"):
-        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo", "algorithm.advantage=counterfactual"])
+        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=trajectories", "algorithm.advantage=counterfactual"])
     with pytest.raises(TaskFileError, match="needs a sequential workflow"):
         load_task(ROOT / "tasks" / "math.yaml", ["algorithm.advantage=counterfactual"])
     bare = [("p", [cand(index=i, reward=float(i)) for i in range(2)])]

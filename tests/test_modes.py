@@ -5,7 +5,7 @@ from conftest import ROOT
 from fakes import FakeBackend, FakeEngine
 
 from mas_lab.analysis.reporting import wilson_interval
-from mas_lab.config import TaskConfig, as_mode, load_task, swap_policies
+from mas_lab.config import TaskConfig, TaskFileError, as_mode, load_task, swap_policies
 from mas_lab.records.store import RunStore
 from mas_lab.training.trainer import Trainer
 
@@ -33,7 +33,7 @@ def test_at_grpo_groups_are_per_problem_agent_turn(tmp_path):
 
 def test_mas_grpo_groups_are_k_independent_trajectories_per_problem(tmp_path):
     task = load_task(
-        ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo", "algorithm.k=4", "train.problems_per_step=3"]
+        ROOT / "tasks" / "toy.yaml", ["algorithm.mode=trajectories", "algorithm.k=4", "train.problems_per_step=3"]
     )
     engine = FakeEngine(VARIED)
     result, samples, store = step(task, tmp_path, engine)
@@ -65,8 +65,6 @@ def test_single_agent_has_one_role_and_groups_per_problem(tmp_path):
 
 
 def test_single_agent_mode_requires_the_single_role(tmp_path):
-    from mas_lab.config import TaskFileError
-
     with pytest.raises(TaskFileError, match="in single_agent mode has the role \\['solver'\\]"):
         load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=single_agent"])
 
@@ -78,9 +76,23 @@ def test_as_mode_and_swap_policies_rewrite_the_role_map():
     task = TaskConfig.model_validate(data)
     single = as_mode(task, "single_agent")
     assert [(r.name, r.policy) for r in single.roles] == [("solver", "b")] and list(single.policies) == ["b"]
-    back = as_mode(single, "mas")
+    back = as_mode(single, "team")
     assert [(r.name, r.policy) for r in back.roles] == [("first", "b"), ("second", "b")]
+    assert back.algorithm.mode == "tree" and as_mode(single, "mas") == back  # the old name of team
+    with pytest.raises(TaskFileError, match=r"unknown evaluation mode 'tree'; allowed: \['team', 'single_agent'\]"):
+        as_mode(task, "tree")
     assert [(r.name, r.policy) for r in swap_policies(task).roles] == [("first", "b"), ("second", "a")]
+
+
+def test_the_old_mode_names_load_as_the_new_ones():
+    """Kept runs' task files say at_grpo / mas_grpo: they resolve to the behaviour they were trained with."""
+    old = load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=mas_grpo"])
+    assert old == load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=trajectories"])
+    assert old.algorithm.mode == "trajectories"
+    assert load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=at_grpo"]).algorithm.mode == "tree"
+    assert load_task(ROOT / "tasks" / "toy.yaml").algorithm.mode == "tree"
+    with pytest.raises(TaskFileError, match="algorithm.mode.*'tree', 'trajectories' or 'single_agent'"):
+        load_task(ROOT / "tasks" / "toy.yaml", ["algorithm.mode=grpo"])
 
 
 def test_wilson_interval():

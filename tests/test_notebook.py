@@ -53,7 +53,8 @@ def test_compare_overlays_runs_and_names_what_differs(tmp_path):
     assert result.exit_code == 0, result.output
     text = (tmp_path / "compare.md").read_text()
     assert "| MAS + AT-GRPO shared | 3 | 0.688 [0.619, 0.749] (n=192) | 0.688 / 0.734 / 0.641 |" in text
-    assert "| `algorithm.mode` | at_grpo | at_grpo | at_grpo | mas_grpo | single_agent |" in text
+    # kept runs written as at_grpo / mas_grpo read in the one vocabulary
+    assert "| `algorithm.mode` | tree | tree | tree | trajectories | single_agent |" in text
     assert {p.name for p in tmp_path.glob("*.png")} >= {"compare_success.png", "compare_reward.png"}
     missing = CliRunner().invoke(app, ["compare", str(tmp_path / "nothing-here")])
     assert missing.exit_code == 2

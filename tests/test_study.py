@@ -57,7 +57,7 @@ def test_the_paper_study_holds_every_task_and_regime_of_the_comparison():
             "MAS + AT-GRPO per-role LoRA",
             "MAS + AT-GRPO per-role full",
         )
-        assert family.regimes["MAS + trajectory GRPO"] == (f"tasks/{family.stem}.yaml", ["algorithm.mode=mas_grpo"])
+        assert family.regimes["MAS + trajectory GRPO"] == (f"tasks/{family.stem}.yaml", ["algorithm.mode=trajectories"])
         assert family.results_md.endswith("docs/results/paper.md") and family.seeds == (0, 1, 2)
     assert FAMILIES["plan_path"].archive.endswith("results/reproduce/plan_path")
 

@@ -69,7 +69,7 @@ class Credit:
         return cls(
             k=algorithm.k,
             eps=algorithm.std_eps,
-            tree=algorithm.mode == "at_grpo",
+            tree=algorithm.mode == "tree",
             role_k={r.name: r.k for r in roles if r.k is not None},
             tie_tol=algorithm.tie_tolerance,
             step_weight=algorithm.step_weight,
@@ -85,8 +85,8 @@ class Method:
 
     name: str
     assign: Callable[[Trajectories, Credit, "list[float] | None"], list[Group]]
-    tree: bool = True  # works on the tree (at_grpo sampling)
-    trajectories: bool = True  # works on K independent trajectories (mas_grpo, single_agent)
+    tree: bool = True  # works on the tree (algorithm.mode tree)
+    trajectories: bool = True  # works on K independent trajectories (algorithm.mode trajectories or single_agent)
     continuations: bool = False  # each candidate's branch continued to the episode's end (episodes.py)
     sequential: bool = False  # a sequential workflow (one branch holds a turn)
 
@@ -119,9 +119,11 @@ def assign_advantages(
     `outcomes`: each trajectory's episode outcome (its final team reward), in order."""
     chosen = method_of(method)
     if credit.tree and not chosen.tree:
-        raise ValueError(f"{method} needs independent trajectories (algorithm.mode mas_grpo or single_agent)")
+        raise ValueError(f"{method} needs independent trajectories (algorithm.mode trajectories or single_agent)")
     if not credit.tree and not chosen.trajectories:
-        raise ValueError(f"{method} continues each candidate's own branch: it needs tree sampling (mode at_grpo)")
+        raise ValueError(
+            f"{method} continues each candidate's own branch: it needs tree sampling (algorithm.mode tree)"
+        )
     return chosen.assign(trajectories, credit, outcomes)
 
 

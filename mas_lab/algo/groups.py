@@ -28,7 +28,7 @@ ALL_AGENTS, ALL_TURNS = "*", -1
 
 
 class GroupKey(NamedTuple):
-    """(problem, agent, turn): the key of an AT-GRPO group. A trajectory-level group (mas_grpo,
+    """(problem, agent, turn): the key of an AT-GRPO group. A trajectory-level group (modes trajectories,
     single_agent) has agent ALL_AGENTS and turn ALL_TURNS: it spans the whole trajectory."""
 
     problem_id: str
@@ -82,7 +82,7 @@ class Candidate:
 @dataclass
 class Group:
     """K units that share one baseline. Under AT-GRPO a unit is one candidate and the key is
-    (problem, agent, turn); under trajectory-level GRPO (mas_grpo, single_agent) a unit is one
+    (problem, agent, turn); under trajectory-level GRPO (modes trajectories, single_agent) a unit is one
     whole trajectory, its reward the mean of its actions' rewards, and the key GroupKey.trajectory."""
 
     key: GroupKey

@@ -43,7 +43,7 @@ def gather(
     """Every run under the given run or study folders, with its label: `labels` (a folder's label,
     given), else by `group_by`: "regime" (a kept study run's regime, else the run's own name: runs
     are pooled only when they are seeds of one regime), "run" (every run its own label), "task"
-    (the task's name) or a task key such as `algorithm.mode` ("algorithm.mode=at_grpo")."""
+    (the task's name) or a task key such as `algorithm.mode` ("algorithm.mode=tree")."""
     from mas_lab.config import TaskConfig, flat_params, stored_task_data
 
     labels = labels or {}

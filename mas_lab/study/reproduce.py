@@ -11,7 +11,7 @@ a solver the tool agent can call (tasks/plan_path_tool.yaml), Plan-Path spelling
 one box, 1-2 moves). Trained regimes (Plan-Path's files; the others are named alike):
 
 - single agent + GRPO        tasks/plan_path_learns_single_agent.yaml
-- MAS + trajectory GRPO      tasks/plan_path_learns.yaml with algorithm.mode=mas_grpo
+- MAS + trajectory GRPO      tasks/plan_path_learns.yaml with algorithm.mode=trajectories
 - MAS + AT-GRPO shared       tasks/plan_path_learns.yaml
 - MAS + AT-GRPO per-role LoRA  tasks/plan_path_learns_per_role_lora.yaml
 - MAS + AT-GRPO per-role full  tasks/plan_path_learns_per_role_full.yaml (the shared run's lr: it

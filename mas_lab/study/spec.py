@@ -6,7 +6,7 @@
     set: [train.eval_every=10]        # overrides for every run
     regimes:                          # in the report's order; {stem} is each task's stem
       - {name: single agent + GRPO, task: "tasks/{stem}_single_agent.yaml"}
-      - {name: MAS + trajectory GRPO, task: "tasks/{stem}.yaml", set: [algorithm.mode=mas_grpo]}
+      - {name: MAS + trajectory GRPO, task: "tasks/{stem}.yaml", set: [algorithm.mode=trajectories]}
       - {name: MAS + AT-GRPO per-role LoRA, task: "tasks/{stem}_per_role_lora.yaml", swap: true}
     untrained: {single agent (before RL): single agent + GRPO}
     tasks:

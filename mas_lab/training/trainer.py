@@ -47,8 +47,8 @@ class TrainStep:
 
 def compute_advantages(episodes: list[Episode], method: str, credit: Credit) -> list[Group]:
     """Build the groups of a step, check their invariants, and set each candidate's advantage by
-    `method` (algo/credit.py). Tree (at_grpo): groups (problem, agent, turn) of K candidates from one
-    observation (Sec. 4.1); otherwise (mas_grpo, single_agent): groups (problem) of K independent
+    `method` (algo/credit.py). Tree (algorithm.mode tree): groups (problem, agent, turn) of K candidates from one
+    observation (Sec. 4.1); otherwise (trajectories, single_agent): groups (problem) of K independent
     trajectories."""
     trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
     return assign_advantages(trajectories, method, credit, outcomes=[e.final_team for e in episodes])
@@ -66,7 +66,7 @@ class Trainer:
         self.task = task
         # The mode, decided once: tree sampling (K candidates per (turn, agent), groups per
         # (problem, agent, turn)) or K independent trajectories per problem (trajectory groups).
-        self.tree = task.algorithm.mode == "at_grpo"
+        self.tree = task.algorithm.mode == "tree"
         self.credit = Credit.of(task.algorithm, task.roles)  # the credit settings, each role's K, read once
         self.backend = backend
         self.store = store
