@@ -10,6 +10,7 @@ __all__ = ["load_run", "load_study", "paired_runs"]
 
 def __getattr__(name: str):
     if name in __all__:
+        # lazy: the notebook API (config, pydantic, yaml) on first use, not with every import of the package
         from mas_lab import notebook
 
         return getattr(notebook, name)

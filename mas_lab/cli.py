@@ -5,26 +5,51 @@ tui/ (imported inside the commands that open it, so the core never loads textual
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
 import os
 import signal
+import socket
 import sqlite3
 import sys
+import time
 from enum import Enum
+from importlib.metadata import version
 from pathlib import Path
 from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
 from mas_lab import runs
-from mas_lab.config import TaskConfig
+from mas_lab.analysis.compare import compare as write_comparison
+from mas_lab.analysis.evidence import run_evidence
+from mas_lab.analysis.export import ExportError, export_records
+from mas_lab.analysis.export import export_policy as write_policy
+from mas_lab.analysis.paired import sentence
+from mas_lab.analysis.plots import plot_run
+from mas_lab.analysis.reporting import baselines_from_metrics, hard_split_text, update_text
+from mas_lab.config import TaskConfig, Tracking, task_to_yaml
+from mas_lab.envs import ENVS
 from mas_lab.envs.base import EnvError
+from mas_lab.mlflow_ui import serve
+from mas_lab.modeling.models import NAMED, cache_dir, check_model_name
+from mas_lab.records.control import RunControl
+from mas_lab.records.episode_text import format_episode
+from mas_lab.records.run_folder import PACKED, NotARunFolder, is_run_folder, run_folder
+from mas_lab.records.store import RunStore, StoreError
+from mas_lab.records.tracking import rebuild, resolve_uri
+from mas_lab.study.driver import run_study, summary_rows
+from mas_lab.study.driver import study_status as read_study_status
+from mas_lab.study.reuse import ReuseError
+from mas_lab.study.spec import DamagedStudyFile, StudyFileError, load_study
+from mas_lab.training.baselines import RULE_LABELS
 from mas_lab.training.metric_names import (
     CONSTANT_CI_HIGH,
     CONSTANT_CI_LOW,
@@ -62,8 +87,6 @@ class Mode(str, Enum):
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
-
         print(f"mas-lab {version('mas-lab')}")
         raise typer.Exit()
 
@@ -206,6 +229,7 @@ def _run_failure(exc: BaseException, opened: runs.Run) -> str | None:
 def _again(opened: runs.Run) -> str:
     """How to go on after a failure: resume from the last checkpoint, or start again where none
     was written (a resume would refuse: no complete checkpoint)."""
+    # lazy: numpy (the checkpoint module), only where a checkpoint is read
     from mas_lab.records import checkpoint
 
     if checkpoint.complete(opened.run_dir):
@@ -214,8 +238,6 @@ def _again(opened: runs.Run) -> str:
 
 
 def _print_summary(opened: runs.Run, summary: dict) -> None:
-    from mas_lab.analysis.reporting import update_text
-
     task, run_dir, tracker = opened.task, opened.run_dir, opened.tracker
     metrics = opened.store.metrics()
     train_steps = [m for m in metrics.values() if "time/step" in m]
@@ -281,8 +303,6 @@ def replay(
     kind: Kind = typer.Option(Kind.train, "--kind", help="which episodes: training or evaluation"),
 ) -> None:
     """Print one saved episode turn by turn: every candidate, its reward and advantage, the chosen one."""
-    from mas_lab.records.episode_text import format_episode
-
     run_dir = _run_folder(run_dir)
     store = _open_store(run_dir)
     if step is None:
@@ -294,6 +314,7 @@ def replay(
         print("not a terminal: printing the episode as text (--text)", file=sys.stderr)
         text = True
     if not text:
+        # lazy: textual, only for the dashboard (the core never imports it at module level)
         from tui.app import MasLabApp
 
         MasLabApp(run_dir, "replay", {"kind": kind.value, "step": step, "episode": episode}).run()
@@ -341,8 +362,6 @@ def evaluate(
 
 
 def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int, store) -> None:
-    from rich.table import Table
-
     n = len(task.roles)
     table = Table(
         title=f"{task.name}: {task.train.eval_problems} held-out problems x {samples} "
@@ -357,10 +376,6 @@ def _print_eval(task: TaskConfig, run_dir: Path, metrics: dict, samples: int, st
             "best constant answer (no model)",
             f"{metrics[CONSTANT_SUCCESS]:.3f} [{metrics[CONSTANT_CI_LOW]:.3f}, {metrics[CONSTANT_CI_HIGH]:.3f}]",
         )
-    from mas_lab.analysis.evidence import run_evidence
-    from mas_lab.analysis.paired import sentence
-    from mas_lab.analysis.reporting import baselines_from_metrics, hard_split_text
-    from mas_lab.training.baselines import RULE_LABELS
 
     baselines = baselines_from_metrics(metrics, RULE_LABELS)
     for name, b in baselines.items():
@@ -400,7 +415,7 @@ def tui(
     """The dashboard. A task file starts `mas-lab run` in the background and shows it live; a run
     folder (or a kept run, run.db.xz) opens on the live screen: its charts, evaluations and events,
     following the run while it runs; `r` switches to replay (no Ray needed)."""
-    from mas_lab.records.run_folder import is_run_folder
+    # lazy: textual, only for the dashboard (the core never imports it at module level)
     from tui.app import MasLabApp
 
     if not target.exists():
@@ -434,8 +449,6 @@ def tui(
 def _run_folder(path: Path) -> Path:
     """The folder holding the run's run.db: the run folder itself, or a kept run (run.db.xz)
     unpacked into the cache (mas_lab/records/run_folder.py); one clear line otherwise."""
-    from mas_lab.records.run_folder import NotARunFolder, run_folder
-
     try:
         return run_folder(path)
     except NotARunFolder as exc:
@@ -444,8 +457,6 @@ def _run_folder(path: Path) -> Path:
 
 def _open_store(run_dir: Path):
     """A run folder's store, read-only (requests go through a writable connection of their own)."""
-    from mas_lab.records.store import RunStore, StoreError
-
     run_dir = _run_folder(run_dir)
     try:
         store = RunStore(run_dir / "run.db", create=False)
@@ -459,14 +470,10 @@ def _open_store(run_dir: Path):
 
 
 def _control(run_dir: Path):
-    from mas_lab.records.control import RunControl
-
     return RunControl(_open_store(run_dir))
 
 
 def _request(run_dir: Path, command: str, wait: bool) -> None:
-    import time
-
     control = _control(run_dir)
     state = control.status()
     if not state["running"]:
@@ -563,10 +570,6 @@ def list_runs(
 ) -> None:
     """The runs in a folder: id, task, kind, status (crashed when its process died), step, eval
     success first and last, when it started, MLflow run id."""
-    import datetime
-
-    from rich.table import Table
-
     if not folder.is_dir():
         _fail(f"{folder}: no such folder")
     rows = runs.list_runs(folder)
@@ -608,11 +611,6 @@ def ui(
     every process it started). A run whose tracking store is not here (copied from another machine
     or folder, a sample run) gets one rebuilt from its run store: params, metrics, the completions
     tables and the charts. Exits 2 without starting anything when the port is taken."""
-    import socket
-
-    from mas_lab.config import Tracking
-    from mas_lab.records.tracking import resolve_uri
-
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", port))
@@ -623,8 +621,6 @@ def ui(
         uri = _open_store(target).meta().get("mlflow_uri") or uri
         if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
             # a copied, shipped or downloaded run: its tracking store stayed where it was made
-            from mas_lab.modeling.models import cache_dir
-            from mas_lab.records.tracking import rebuild
 
             key = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:12]
             console.print(
@@ -634,7 +630,6 @@ def ui(
                 soft_wrap=True,
             )
             uri = rebuild(target, cache_dir() / "tracking" / f"{target.name}-{key}")
-    from mas_lab.mlflow_ui import serve
 
     console.print(f"starting the MLflow UI on {uri} ...", highlight=False, soft_wrap=True)
     code = serve(
@@ -661,8 +656,6 @@ def export(
 ) -> None:
     """One record per candidate: problem, role, turn, messages (system, user, assistant), response,
     reward and components, advantage, chosen, group kept, sampler log-probs, step, policy."""
-    from mas_lab.analysis.export import export_records
-
     given, run_dir = run_dir, _run_folder(run_dir)
     _open_store(run_dir).close()
     first = last = None
@@ -712,11 +705,8 @@ def export_policy(
 ) -> None:
     """A policy as a Hugging Face folder (config, tokenizer, safetensors) that from_pretrained and
     vLLM load; a LoRA policy is merged into its base unless --adapter."""
-    from mas_lab.analysis.export import ExportError
-    from mas_lab.analysis.export import export_policy as write
-
     try:
-        folder = write(checkpoint_dir, policy, output, merge=not adapter)
+        folder = write_policy(checkpoint_dir, policy, output, merge=not adapter)
     except ExportError as exc:
         _fail(str(exc))
     console.print(f"policy '{policy}' written to {folder}", highlight=False)
@@ -731,9 +721,6 @@ def plot(
 ) -> None:
     """Write the run's charts as PNG files: held-out success with intervals, reward per role and
     per (agent, turn), team reward, zero-std share, learner and sampling diagnostics, time split."""
-    from mas_lab.analysis.plots import plot_run
-    from mas_lab.records.run_folder import PACKED
-
     kept = (run_dir / PACKED).is_file() and not (run_dir / "run.db").is_file()
     if kept and output is None:
         output = run_dir / "plots"  # beside the kept run, not in the cache it is read from
@@ -763,16 +750,13 @@ def compare(
     """Runs side by side: curves overlaid (each run faint, each label's mean bold), the settings
     that differ, the final held-out success per label, and every pair of labels paired on the same
     held-out problems (discordant counts, exact test, difference)."""
-    from mas_lab.analysis.compare import compare as write
-    from mas_lab.records.store import StoreError
-
     for target in targets:
         if not target.is_dir():
             _fail(f"{target}: not a folder")
     if label and len(label) != len(targets):
         _fail(f"--label: {len(label)} labels for {len(targets)} targets (give one per target)")
     try:
-        path = write(targets, output, dict(zip(targets, label)) if label else None, group_by)
+        path = write_comparison(targets, output, dict(zip(targets, label)) if label else None, group_by)
     except (OSError, ValueError, StoreError, sqlite3.DatabaseError) as exc:  # missing, damaged, foreign stores
         _fail(str(exc))
     print(path)
@@ -796,8 +780,6 @@ app.add_typer(study_app, name="study")
 
 
 def _load_study(study_file: Path, tasks: Optional[List[str]]) -> list:
-    from mas_lab.study.spec import StudyFileError, load_study
-
     try:
         families = load_study(study_file)
     except StudyFileError as exc:
@@ -835,21 +817,18 @@ def study_run(
 ) -> None:
     """Run a study: every task x regime x seed not kept yet (an interrupted run continues from its
     checkpoint), then its report; prints, as its last line, one JSON list with a row per complete run."""
-    from mas_lab.study.driver import run_study, summary_rows
-
     families = _load_study(study_file, task)
     names = {n for f in families for n in f.names}
     for name in only or []:
         if name not in names:
             _fail(f"--only '{name}': not a regime of {study_file}; allowed: {sorted(names)}")
     if address:
+        # lazy: torch, only where a run trains or evaluates
         from mas_lab.actors.backend import check_cluster
 
         problem = check_cluster(address, 10.0)
         if problem:
             _fail(f"--address: {problem}")
-    from mas_lab.study.reuse import ReuseError
-    from mas_lab.study.spec import DamagedStudyFile
 
     try:
         results = run_study(
@@ -877,13 +856,8 @@ def study_status(
 ) -> None:
     """Every cell of a study: status (kept, finished, running, interrupted, started, pending), step,
     last held-out success, the node of its last attempt."""
-    from rich.table import Table
-
-    from mas_lab.study.driver import study_status as read
-    from mas_lab.study.spec import DamagedStudyFile
-
     try:
-        rows = read(_load_study(study_file, task))
+        rows = read_study_status(_load_study(study_file, task))
     except DamagedStudyFile as exc:
         _fail(str(exc))
     if as_json:
@@ -910,6 +884,7 @@ def study_tui(
     families = _load_study(study_file, task)
     if not _terminal():
         _fail("the study screen needs a terminal; for text: mas-lab study status STUDY.yaml")
+    # lazy: textual, only for the dashboard (the core never imports it at module level)
     from tui.app import MasLabApp
     from tui.study import StudyApp
 
@@ -927,8 +902,6 @@ def config(
     schema: bool = typer.Option(False, "--schema", help="print the task files' JSON Schema (for editor completion)"),
 ) -> None:
     """Print a task as resolved (defaults filled in, overrides applied, checked), or the schema."""
-    from mas_lab.config import TaskConfig, task_to_yaml
-
     if schema:
         print(json.dumps(TaskConfig.model_json_schema(), indent=1))
         return
@@ -947,8 +920,6 @@ def config(
 def envs(as_json: bool = typer.Option(False, "--json", help="one JSON object per environment")) -> None:
     """The environments a task file may name: built-in and installed plugins (entry-point group
     mas_lab.envs), each with its roles and parameters; plugins that did not load, with why."""
-    from mas_lab.envs import ENVS
-
     for name in sorted(ENVS):
         env = ENVS[name]
         params = {key: (field.description or "") for key, field in env.Params.model_fields.items()}
@@ -986,8 +957,6 @@ def envs(as_json: bool = typer.Option(False, "--json", help="one JSON object per
 @app.command()
 def models() -> None:
     """List the named models and whether they are available here."""
-    from mas_lab.modeling.models import NAMED, check_model_name
-
     for name in NAMED:
         problem = check_model_name(name)
         print(f"{name:<24} {'ok' if problem is None else problem}")

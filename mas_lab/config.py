@@ -7,12 +7,17 @@ budget, resources and tracking. Every field is documented here; README.md has th
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mas_lab.algo.credit import METHODS
+from mas_lab.envs import ENVS
+from mas_lab.modeling.models import check_model_name
 
 # One vocabulary (docs/cli.md): algorithm.mode says how the team is sampled; evaluation asks only
 # whether the team or one agent plays. The old names stay accepted so kept runs mean what they meant.
@@ -492,8 +497,6 @@ class TaskConfig(_Strict):
     def _credit_needs(self, env: Any) -> None:
         """What the credit method needs (algo/credit.py's registry states it) against the sampling
         mode and the environment's workflow."""
-        from mas_lab.algo.credit import METHODS
-
         method, mode = METHODS[self.algorithm.advantage], self.algorithm.mode
         tree = mode == "tree"
         fits = [m.name for m in METHODS.values() if (m.tree if tree else m.trajectories)]
@@ -522,7 +525,6 @@ class TaskConfig(_Strict):
         for i, role in enumerate(self.roles):
             if role.policy not in self.policies:
                 raise ValueError(f"roles.{i}.policy: '{role.policy}' is not a policy; allowed: {sorted(self.policies)}")
-        from mas_lab.envs import ENVS
 
         if self.env.name not in ENVS:
             if self.env.name in ENVS.failed:
@@ -580,15 +582,12 @@ class TaskConfig(_Strict):
                 f"train.warmup_steps: environment '{self.env.name}' has no format demonstrations; "
                 "allowed: 0 (the move games plan_path and sokoban have them)"
             )
-        from mas_lab.modeling.models import check_model_name
 
         for key, policy in self.policies.items():
             problem = check_model_name(policy.model)
             if problem:
                 raise ValueError(f"policies.{key}.model: {problem}")
             if policy.engine == "vllm":
-                import importlib.util
-
                 if importlib.util.find_spec("vllm") is None:
                     raise ValueError(
                         f"policies.{key}.engine: 'vllm' needs the vllm package in this environment "
@@ -627,8 +626,6 @@ def as_mode(task: TaskConfig, mode: str) -> TaskConfig:
 
     MAS -> single agent: the env's single role uses the last role's policy and sampling (the
     role whose actions change the state). Single agent -> MAS: every role uses that policy."""
-    from mas_lab.envs import ENVS
-
     env = ENVS[task.env.name]
     data = task.model_dump(mode="json")
     is_single = task.algorithm.mode == "single_agent"
@@ -773,8 +770,6 @@ def stored_task_data(data: dict) -> dict:
     """A run's stored task (its task.yaml or a checkpoint's copy) as this version reads it. Runs made
     before `env.params.hint` existed showed the move games' offsets with their move letters, so a
     stored move-game task without a hint keeps `letters` (the default, `none`, is for new tasks)."""
-    from mas_lab.envs import ENVS
-
     env = data.get("env") if isinstance(data, dict) else None
     if isinstance(env, dict) and env.get("name") in ENVS and "hint" in ENVS[env["name"]].Params.model_fields:
         params = env.get("params") or {}

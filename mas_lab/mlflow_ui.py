@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
+from mas_lab.sandbox.children import die_with_parent
+
 
 def answers(url: str, timeout: float = 1.0) -> bool:
     """Whether an HTTP server answers at `url` (any status: it is up)."""
@@ -30,8 +32,6 @@ def serve(uri: str, port: int, on_ready: Callable[[str], None], poll_s: float = 
     """Run `mlflow ui` on the tracking store `uri` at 127.0.0.1:`port` until it exits or this
     process gets SIGINT/SIGTERM; `on_ready(url)` is called once, when the server first answers.
     Returns the server's exit code (0 when interrupted)."""
-    from mas_lab.sandbox.children import die_with_parent
-
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1"]
     command += ["--port", str(port)]
     # its workers share its process group; it gets SIGTERM if this process is killed

@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from mas_lab.algo.groups import GroupStats
+from mas_lab.analysis.export import records
+from mas_lab.analysis.paired import compare_paired, on_common_problems
+from mas_lab.records.run_folder import run_folder
 from mas_lab.records.store import RunStore, StoreError
 from mas_lab.training.metric_names import EVAL_SUCCESS
 
@@ -87,6 +92,7 @@ class RunData:
         return RunStore(self.store_file, create=False)
 
     def _frame(self, rows: list[dict], name: str) -> "pd.DataFrame":
+        # lazy: pandas (~0.3 s), only for tables
         import pandas as pd
 
         return pd.DataFrame(rows, columns=COLUMNS[name]) if not rows else pd.DataFrame(rows)[COLUMNS[name]]
@@ -100,6 +106,7 @@ class RunData:
 
     @functools.cached_property
     def metrics(self) -> "pd.DataFrame":
+        # lazy: pandas (~0.3 s), only for tables
         import pandas as pd
 
         store = self._store()
@@ -122,8 +129,6 @@ class RunData:
     @functools.cached_property
     def candidates(self) -> "pd.DataFrame":
         """Training and evaluation candidates with the chat messages each policy saw (export's records)."""
-        from mas_lab.analysis.export import records
-
         store = self._store()
         try:
             rows = [
@@ -146,10 +151,6 @@ class RunData:
 
 def load_run(path: str | Path) -> RunData:
     """A run folder (runs/<run>, a sample run, a kept run with run.db.xz) as tables."""
-    import yaml
-
-    from mas_lab.records.run_folder import run_folder
-
     folder = Path(path)
     store_file = run_folder(folder) / "run.db"  # a kept run (run.db.xz) is unpacked once, into the cache
     store = RunStore(store_file, create=False)  # StoreError: not a store, or from a newer mas-lab
@@ -178,6 +179,7 @@ class StudyData:
 
     @functools.cached_property
     def summary(self) -> "pd.DataFrame":
+        # lazy: pandas (~0.3 s), only for tables
         import pandas as pd
 
         rows = []
@@ -241,7 +243,6 @@ def paired_runs(runs_a, runs_b):
     (mas_lab/analysis/paired.py): `runs_a` and `runs_b` are run folders or RunData, or lists of them in
     the same seed order. Returns a `Verdict` (its `word`, `evidence()`, `as_dict()`); the final
     evaluations are paired on the problems both evaluated."""
-    from mas_lab.analysis.paired import compare_paired, on_common_problems
 
     def listed(runs) -> list[RunData]:
         items = runs if isinstance(runs, (list, tuple)) else [runs]

@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from mas_lab.analysis.plots import plot_run
 from mas_lab.config import (
     TaskConfig,
     TaskFileError,
@@ -29,11 +31,13 @@ from mas_lab.config import (
     swap_policies,
     task_to_yaml,
 )
-from mas_lab.records.control import acquire_lock, release_lock
+from mas_lab.records.control import RunControl, acquire_lock, release_lock
 from mas_lab.records.provenance import code_version
+from mas_lab.records.run_folder import NotARunFolder, is_run_folder, run_folder
 from mas_lab.records.store import RunStore, StoreError
 from mas_lab.records.tracking import Tracker, resolve_uri
 from mas_lab.sandbox.isolation import SandboxUnavailable
+from mas_lab.training.baselines import task_pool
 from mas_lab.training.metric_names import EVAL_SUCCESS
 from mas_lab.training.progress import Progress, ProgressEvent
 
@@ -79,8 +83,6 @@ def check_problems(task: TaskConfig) -> None:
     """Whether the task's parameters can make its held-out set (and hard split) and one step of
     distinct training problems: checked before a run folder exists, so a task that cannot run
     leaves nothing behind."""
-    from mas_lab.training.baselines import task_pool
-
     try:
         pool = task_pool(task)
         pool.distinct_train(0, task.train.problems_per_step)
@@ -163,6 +165,7 @@ def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
     mas-lab can read, a sound checkpoint, a task that matches it, the MLflow run reachable, and a
     store that still holds every step the checkpoint recorded (a lost or corrupted WAL would have
     dropped some). Only then roll the store back to the checkpoint."""
+    # lazy: numpy (the checkpoint module), only where a checkpoint is read
     from mas_lab.records import checkpoint
 
     if not (run_dir / "run.db").is_file() or not (run_dir / "task.yaml").is_file():
@@ -267,6 +270,7 @@ def _lock(run_dir: Path) -> bool:
 
 def _check_cluster(task: TaskConfig) -> None:
     if task.resources.ray_address:
+        # lazy: torch, only where a run trains or evaluates
         from mas_lab.actors.backend import check_cluster
 
         problem = check_cluster(task.resources.ray_address, task.resources.connect_timeout_s)
@@ -288,8 +292,6 @@ def train(
     """Start the actors, restore the checkpoint of a resume, train, and record how the run ended
     (store status and MLflow status) whatever happens. SIGINT / SIGTERM stop at the next step
     boundary with a checkpoint (`on_signal` is told); a second one aborts at once."""
-    from mas_lab.records.control import RunControl
-
     control = RunControl(run.store)
 
     def tell(event: ProgressEvent) -> None:  # start-up phases reach the dashboard too
@@ -305,6 +307,7 @@ def train(
                 tell(ProgressEvent("starting actors and loading models", 0))
                 # imported here, inside the run's record: torch failing to load (under an
                 # address-space limit) marks the run failed with its reason, not "crashed"
+                # lazy: torch, only where a run trains or evaluates
                 from mas_lab.actors.backend import Backend
                 from mas_lab.training.trainer import Trainer
 
@@ -365,8 +368,6 @@ def train(
 
 def _log_charts(run: Run) -> None:
     """The run's charts (`mas-lab plot`) as MLflow artifacts, so its UI shows them beside the metrics."""
-    from mas_lab.analysis.plots import plot_run
-
     for path in plot_run(run.run_dir, run.run_dir / "plots"):
         run.tracker.client.log_artifact(run.tracker.run_id, str(path), "charts")
 
@@ -408,6 +409,7 @@ def _record_error(run: Run, exc: BaseException) -> None:
 def _dead_actor(exc: BaseException) -> str | None:
     """'the Ray actor <class> (pid N)' when `exc` says an actor died, else None."""
     try:
+        # lazy: ray (~0.4 s), only where the actors run
         from ray.exceptions import RayActorError
     except ImportError:
         return None
@@ -421,6 +423,7 @@ def _dead_actor(exc: BaseException) -> str | None:
 def _back_to_last_checkpoint(run: Run, reason: str) -> Path:
     """After an actor died: drop the store's rows after the last checkpoint (MLflow has only steps
     up to it) and return that checkpoint, to restart the actors from it."""
+    # lazy: numpy (the checkpoint module), only where a checkpoint is read
     from mas_lab.records import checkpoint
 
     found = checkpoint.complete(run.run_dir)
@@ -462,6 +465,7 @@ def eval_task(task_file: Path, overrides: list[str], mode: str | None = None, sw
 
 def policy_folder(checkpoint_dir: Path, task: TaskConfig) -> Path:
     """The folder holding every policy of `task` in a checkpoint (or a folder of saved policies)."""
+    # lazy: numpy (the checkpoint module), only where a checkpoint is read
     from mas_lab.records import checkpoint
 
     if not checkpoint_dir.is_dir():
@@ -488,6 +492,7 @@ def evaluate(
     use_ray: bool = True,
 ) -> tuple[Run, dict[str, float]]:
     """An evaluation run: its own run folder and MLflow run (tag mas_lab.kind=eval)."""
+    # lazy: torch, only where a run trains or evaluates
     from mas_lab.actors.backend import Backend
     from mas_lab.training.trainer import Trainer
 
@@ -548,8 +553,6 @@ def start_in_background(
 def find_run_folders(folder: Path, depth: int = 4) -> list[Path]:
     """The run folders (run.db or run.db.xz) at or under `folder`, down to `depth` levels, not
     looking inside a run folder (its checkpoints)."""
-    from mas_lab.records.run_folder import is_run_folder
-
     if is_run_folder(folder):
         return [folder]
     if depth == 0 or not folder.is_dir():
@@ -564,11 +567,6 @@ def list_runs(folder: Path) -> list[dict]:
     """One row per run folder under `folder` (at any depth: a study's kept runs, run.db.xz, are
     <regime>/seed-<n>/): id, task, kind, status (true: a run whose process died is "crashed"),
     step / total, eval success first and last, started, MLflow run id."""
-    import sqlite3
-
-    from mas_lab.records.control import RunControl
-    from mas_lab.records.run_folder import NotARunFolder, run_folder
-
     rows: list[dict[str, Any]] = []
     for found in find_run_folders(Path(folder)):
         name = str(found.relative_to(folder)) if found != Path(folder) else found.name

@@ -145,3 +145,23 @@ def test_the_command_line_is_arguments_and_printing():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60
     ]
     assert long == []
+
+
+def test_a_function_local_import_says_what_start_up_it_buys():
+    """An import inside a function is there only to keep a heavy module (torch, ray, mlflow, ...)
+    out of start-up; a `# lazy: ...` comment above it (or above its block of imports) says which.
+    Any other import belongs at the top of its module."""
+    unmarked = []
+    for name, path in _modules().items():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    row = node.lineno - 2  # the line above, climbing over the block's earlier imports
+                    while row >= 0 and lines[row].strip().startswith(("import ", "from ")):
+                        row -= 1
+                    if not lines[row].strip().startswith("# lazy: "):
+                        unmarked.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert unmarked == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +69,6 @@ def event_line(event: dict) -> str | None:
     if kind in QUIET_EVENTS:
         return None
     if kind in ("placement", "precision") and ": {" in message:
-        import json
-
         try:
             detail = json.loads(message.split(": ", 1)[1])
         except ValueError:

@@ -13,6 +13,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Markdown, Static
 
+from mas_lab.analysis.compare import compare
 from mas_lab.study.driver import cell_run_folder, study_status
 from mas_lab.study.families import Family
 
@@ -107,7 +108,6 @@ class StudyApp(App):
         row = self.selected()
         if row is None:
             return
-        from mas_lab.analysis.compare import compare
 
         family = next(f for f in self.families if f.key == row["task"])
         cells = [r for r in self.rows if r["task"] == row["task"]]

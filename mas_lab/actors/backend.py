@@ -10,6 +10,7 @@ same classes in-process (fast unit tests and the learning test); the code above 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -55,8 +56,6 @@ class PolicyBackend(Protocol):
 def check_cluster(address: str, timeout_s: float) -> str | None:
     """None when the head of a Ray cluster answers at host:port within `timeout_s`, else a
     sentence saying what failed (ray.init would retry for a long time instead)."""
-    import socket
-
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return f"'{address}' is not host:port (the address `ray start --head` prints)"
@@ -86,6 +85,7 @@ def start_ray(address: str | None, cpus_needed: float = 0.0) -> None:
         # Ray reads this when it is first imported, so it is set before the import. Where no
         # token exists the head ran without auth, and asking for it would fail ("no token found").
         os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # lazy: ray (~0.4 s), only where the actors run
     import ray
 
     if ray.is_initialized():
@@ -131,6 +131,7 @@ class Backend:
         if use_ray:
             per_base = task.resources.rollout_cpus * task.resources.rollout_workers + task.resources.learner_cpus
             start_ray(task.resources.ray_address, per_base * len(bases_of(task)))  # imports ray after its auth setting
+            # lazy: ray (~0.4 s), only where the actors run
             import ray
 
             # several rollout workers go to different nodes where the cluster has them
@@ -192,6 +193,7 @@ class Backend:
         handles = [self._call(a, "ready") for a in self._actors()]
         if not self.use_ray:
             return
+        # lazy: ray (~0.4 s), only where the actors run
         import ray
 
         timeout = float(os.environ.get("MAS_LAB_ACTOR_TIMEOUT_S", "600"))
@@ -222,6 +224,7 @@ class Backend:
 
     def _wait(self, handles: list):
         if self.use_ray:
+            # lazy: ray (~0.4 s), only where the actors run
             import ray
 
             return ray.get(handles)
@@ -321,6 +324,7 @@ class Backend:
             return
         self._closed = True
         if self.use_ray:
+            # lazy: ray (~0.4 s), only where the actors run
             import ray
 
             for actor in self._actors():

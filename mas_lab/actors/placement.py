@@ -11,6 +11,7 @@ import torch
 def node_id() -> str:
     """The Ray node this process runs on, or `local:<host>` outside Ray."""
     try:
+        # lazy: ray (~0.4 s), only where the actors run
         import ray
 
         if ray.is_initialized():

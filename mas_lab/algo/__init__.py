@@ -35,6 +35,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "clipped_policy_loss":
+        # lazy: torch, only where the loss is computed
         from mas_lab.algo.loss import clipped_policy_loss
 
         return clipped_policy_loss

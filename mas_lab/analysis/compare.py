@@ -13,7 +13,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from mas_lab.analysis.reporting import wilson_interval
+from mas_lab.analysis.paired import compare_paired, on_common_problems
+from mas_lab.analysis.reporting import update_diagnostics, wilson_interval
+from mas_lab.config import TaskConfig, flat_params, stored_task_data
 from mas_lab.notebook import RunData, final_outcomes, load_run, load_study
 from mas_lab.study.spec import read_kept_json
 from mas_lab.training.metric_names import EVAL_SUCCESS
@@ -44,8 +46,6 @@ def gather(
     given), else by `group_by`: "regime" (a kept study run's regime, else the run's own name: runs
     are pooled only when they are seeds of one regime), "run" (every run its own label), "task"
     (the task's name) or a task key such as `algorithm.mode` ("algorithm.mode=tree")."""
-    from mas_lab.config import TaskConfig, flat_params, stored_task_data
-
     labels = labels or {}
     found: list[Compared] = []
     for path in paths:
@@ -97,9 +97,11 @@ def _keys(metrics, patterns: list[str]) -> list[str]:
 
 def plot(runs: list[Compared], out: Path) -> list[Path]:
     """One PNG per panel: each run faint, each label's mean bold (mean over its runs at each step)."""
+    # lazy: matplotlib (~0.5 s), only when a chart is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (~0.5 s), only when a chart is drawn
     import matplotlib.pyplot as plt
 
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -160,6 +162,7 @@ def _band_by_step(members: list[Compared]) -> list[tuple[int, float, float]]:
     (seeds), the 95% t-interval of the mean across them, the runs as the unit (pooling their
     episodes as one sample once drew a +-0.07 band around runs 0.55 apart); with one run, its own
     Wilson interval."""
+    # lazy: scipy (~0.7 s), only when a test or an interval is computed
     from scipy.stats import t
 
     by_step: dict[int, list[tuple[int, int]]] = {}
@@ -182,8 +185,6 @@ def _band_by_step(members: list[Compared]) -> list[tuple[int, float, float]]:
 def differences(runs: list[Compared]) -> dict[str, list[str]]:
     """The task settings that differ between the labels or between the runs of one label: flat key
     -> each label's value (its runs' values joined with " / " where they differ, e.g. seeds)."""
-    from mas_lab.config import TaskConfig, flat_params, stored_task_data
-
     flat = []
     for r in runs:
         try:
@@ -227,8 +228,6 @@ def paired_table(runs: list[Compared]) -> list[str]:
     """Every pair of labels, paired on the same held-out problems seed by seed (the run of each label
     with that `train.seed`; mas_lab/analysis/paired.py): discordant counts per seed, the exact p-value, the
     difference with its interval and the verdict in the paired test's words. Empty for one label."""
-    from mas_lab.analysis.paired import compare_paired, on_common_problems
-
     by_label: dict[str, dict[int, dict[str, bool]]] = {}
     for r in runs:
         seed = int((r.run.task.get("train") or {}).get("seed", 0))
@@ -264,8 +263,6 @@ def update_table(runs: list[Compared]) -> list[str]:
     optimizer steps whose gradient-norm clip bound, the median norm before and after it, and the
     PPO ratio's range. Runs of different labels that clip on different shares of their steps took
     different effective step sizes. Empty when no run recorded the clip share (older stores)."""
-    from mas_lab.analysis.reporting import update_diagnostics
-
     lines = [
         "| label | run | policy | clip bound (share of optimizer steps) | grad norm median before / after | "
         "PPO ratio range | samples trained |",

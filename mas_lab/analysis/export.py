@@ -19,6 +19,10 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from pydantic import ValidationError
+
+from mas_lab.config import TaskConfig
+from mas_lab.modeling.models import resolve
 from mas_lab.records.store import RunStore
 
 FORMATS = ("jsonl", "parquet")
@@ -91,6 +95,7 @@ def export_records(
 
 
 def _schema():
+    # lazy: pyarrow, only for a parquet export
     import pyarrow as pa
 
     text, integer, real = pa.string(), pa.int64(), pa.float64()
@@ -129,6 +134,7 @@ def _schema():
 def _parquet(rows: Iterator[dict], output: Path, batch: int = 5000) -> int:
     """Parquet in row groups of `batch` records; problem and components (dicts whose keys vary by
     task) are JSON text."""
+    # lazy: pyarrow, only for a parquet export
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -147,9 +153,6 @@ def _parquet(rows: Iterator[dict], output: Path, batch: int = 5000) -> int:
 
 def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = True) -> Path:
     """A Hugging Face folder of one policy of a checkpoint (or of a folder of saved policies)."""
-    from mas_lab.config import TaskConfig
-    from mas_lab.modeling.models import resolve
-
     state_file = checkpoint / "state.json"
     folder = checkpoint / "policies" / policy
     if not state_file.is_file() or not folder.is_dir():
@@ -157,8 +160,8 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
             sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []
         )
         raise ExportError(f"{checkpoint}: no checkpoint of policy '{policy}' (policies here: {found})")
-    from pydantic import ValidationError
 
+    # lazy: numpy (the checkpoint module), only where a checkpoint is read
     from mas_lab.records import checkpoint as checkpoints
 
     if (checkpoint / "manifest.json").is_file():  # every file against its recorded size and SHA-256
@@ -193,9 +196,11 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
                 shutil.copy2(item, output / item.name)
         shutil.copy2(folder / "model.safetensors", output / "model.safetensors")
         return output
+    # lazy: safetensors and torch, only where weights are read or written; transformers (and torch), only when a model or tokenizer is built
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # lazy: torch and peft, only when a policy is exported
     from mas_lab.modeling import lora
 
     model = lora.attach(AutoModelForCausalLM.from_pretrained(base), {policy: spec.lora})

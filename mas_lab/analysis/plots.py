@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mas_lab.records.store import RunStore
+from mas_lab.training.baselines import RULE_LABELS
 from mas_lab.training.metric_names import (
     CONSTANT_SUCCESS,
     EVAL_CI_HIGH,
@@ -138,8 +139,6 @@ def axis_groups(series: dict[str, list[tuple[int, float]]]) -> dict[str, dict[st
 def _draw_success(ax, store: RunStore, series: dict, interval: tuple[str, str]) -> None:
     """The team's evaluations as points with their 95% intervals (never joined: between two
     evaluations nothing was measured), the baselines as dashed lines."""
-    from mas_lab.training.baselines import RULE_LABELS
-
     for key, points in series.items():
         steps, values = [s for s, _ in points], [v for _, v in points]
         name = baseline_name(key)
@@ -156,9 +155,11 @@ def _draw_success(ax, store: RunStore, series: dict, interval: tuple[str, str]) 
 
 def plot_run(run_dir: Path, output: Path) -> list[Path]:
     """Write one PNG per panel that has data into `output`; returns the files written."""
+    # lazy: matplotlib (~0.5 s), only when a chart is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (~0.5 s), only when a chart is drawn
     import matplotlib.pyplot as plt
 
     store = RunStore(Path(run_dir) / "run.db", create=False)

@@ -11,6 +11,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Mapping
 
+from mas_lab.analysis.paired import sentence
 from mas_lab.training.metric_names import EVAL_PREFIX
 
 if TYPE_CHECKING:
@@ -59,8 +60,6 @@ def paired_verdict(before: dict | None, after: dict | None, evidence: Mapping) -
     """The run's held-out result in words that follow the paired tests (mas_lab/analysis/evidence.py): the
     change training made on the same problems, then the team against each baseline without a model
     on the main split and on the hard split, each with n, the discordant counts and the p-value."""
-    from mas_lab.analysis.paired import sentence
-
     if before is None or after is None:
         return "no evaluation after training to compare with" if before else "no evaluation"
     said = f"held-out success {before['success']:.3f} -> {after['success']:.3f}"

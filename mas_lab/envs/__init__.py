@@ -8,6 +8,9 @@ never hiding the others. docs/new-task.md walks through writing one.
 
 from __future__ import annotations
 
+import importlib.metadata
+import signal
+import threading
 from typing import Iterator
 
 from mas_lab.envs.base import ActionResult, Env, EnvParams, Problem, ProblemPool
@@ -32,9 +35,6 @@ class PluginTimeout(Exception):
 def _load_within(point, seconds: float):
     """`point.load()`, given up after `seconds` where a timer can interrupt it (the main thread: a
     plugin that sleeps or loops at import must not hang `mas-lab envs` or a run's start)."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return point.load()
 
@@ -64,9 +64,8 @@ class Registry(dict):
         if self._discovered:
             return
         self._discovered = True
-        from importlib.metadata import entry_points
 
-        for point in entry_points(group=ENTRY_POINTS):
+        for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
             where = f"{point.value} ({point.dist.name if point.dist else 'unknown distribution'})"
             if point.name in self.builtin:
                 self.failed[point.name] = f"{where}: the name of a built-in environment"

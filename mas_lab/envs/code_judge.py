@@ -21,12 +21,14 @@ a test that passes everything, or checks only a type or "not None", earns nothin
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import os
 import select
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from mas_lab.sandbox.isolation import Limits, spawned
@@ -209,8 +211,6 @@ def served_names(implementation: str, tests: list[str], setup: str = "", expecte
     the tester. Never a name the setup or the tests define themselves, nor a builtin unless the task
     asks for it (`expected`: the reference solution's functions, e.g. MBPP's `sum`), so a solution
     that defines `abs` or `isinstance` cannot answer for the tests' own checks."""
-    import builtins
-
     defined = functions(implementation)
     used: set[str] = set()
     bound = set(dir(builtins)) - set(expected)
@@ -271,8 +271,6 @@ def judge_apart(
     in the tester program: one of them could write the verdict line for its whole batch and exit,
     so that three tests that check nothing passed as meaningful with it. Alone, a test can only
     speak for itself. The pairs of processes run a few at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if not tests:
         return Verdict([], [], "ok")
     with ThreadPoolExecutor(max_workers=min(4, len(tests))) as pool:

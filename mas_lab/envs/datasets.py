@@ -10,6 +10,7 @@ local JSONL file named in the task file: math records need `problem` and `answer
 
 from __future__ import annotations
 
+import ast
 import gzip
 import importlib.util
 import json
@@ -151,8 +152,6 @@ def code_problems(name: str) -> tuple[dict, ...]:
 
 
 def _literal_list(text):
-    import ast
-
     return list(ast.literal_eval(text)) if isinstance(text, str) else list(text)
 
 

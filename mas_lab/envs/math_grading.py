@@ -27,6 +27,7 @@ def grade_in_process(predicted: str | None, gold: str) -> bool:
     thousands separators handled by math-verify). Unbounded: call it through `grade`."""
     if predicted is None or not predicted.strip():
         return False
+    # lazy: math_verify, an optional extra (math tasks)
     from math_verify import parse, verify
 
     gold_parsed = parse(f"${gold}$", parsing_timeout=None)

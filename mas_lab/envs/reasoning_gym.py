@@ -51,6 +51,7 @@ class ReasoningGymParams(EnvParams):
 def available() -> set[str]:
     """The dataset names the installed reasoning-gym offers (empty where it is not installed)."""
     try:
+        # lazy: reasoning_gym, an optional extra
         from reasoning_gym.factory import DATASETS
     except ImportError:
         return set()
@@ -59,6 +60,7 @@ def available() -> set[str]:
 
 @functools.lru_cache(maxsize=4096)
 def _dataset(name: str, config: str, seed: int):
+    # lazy: reasoning_gym, an optional extra
     import reasoning_gym
 
     return reasoning_gym.create_dataset(name, size=1, seed=seed, **json.loads(config))

@@ -8,6 +8,7 @@ with more epochs or mini-batches, logp_old is computed once before the first upd
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -43,6 +44,7 @@ class Learner:
         device: str = "cpu",
         lrs: dict[str, float] | None = None,
     ):
+        # lazy: transformers (and torch), only when a model or tokenizer is built
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
 
@@ -158,6 +160,7 @@ class Learner:
         them, its keys and values repeated for every prompt (gradients flow back through the repeat).
         The first response token is predicted at the prompt's last position. The output layer runs
         only at response positions."""
+        # lazy: transformers (and torch), only when a model or tokenizer is built
         from transformers import DynamicCache
 
         model_: Any = model if model is not None else self.model
@@ -457,6 +460,7 @@ class Learner:
 
     def load(self, name: str, path: str, optimizer: bool = True) -> int:
         """Load policy `name` from a saved folder; `optimizer=False` (init_from) loads weights only."""
+        # lazy: safetensors and torch, only where weights are read or written
         from safetensors.torch import load_file, load_model
 
         adapter_file = os.path.join(path, "adapter.safetensors")
@@ -518,8 +522,6 @@ class _Mismatch:
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` that takes no gradients (the KL penalty's reference)."""
-    import copy
-
     frozen = copy.deepcopy(model)
     frozen.eval()
     for parameter in frozen.parameters():
@@ -542,6 +544,7 @@ def _write_policy(snapshot: dict, path: str) -> None:
 def _write_policy_files(snapshot: dict, path: str) -> None:
     """The files of one saved policy: model.safetensors or adapter.safetensors (+ adapter.json),
     and learner.pt (optimizer, torch RNG, version, KL probe)."""
+    # lazy: safetensors and torch, only where weights are read or written
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)

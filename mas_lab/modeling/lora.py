@@ -16,6 +16,7 @@ from mas_lab.config import Lora
 
 def attach(model, adapters: dict[str, Lora]):
     """Wrap `model` with one LoRA adapter per policy name (the `lora` sections of the task file)."""
+    # lazy: peft (~4.4 s with torch), only for LoRA policies
     from peft import LoraConfig, get_peft_model
 
     def config(spec: Lora) -> LoraConfig:
@@ -48,12 +49,14 @@ def adapter_parameters(model, name: str) -> list[torch.nn.Parameter]:
 
 
 def adapter_state(model, name: str) -> dict[str, torch.Tensor]:
+    # lazy: peft (~4.4 s with torch), only for LoRA policies
     from peft import get_peft_model_state_dict
 
     return {k: v.detach() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
 
 
 def load_adapter_state(model, name: str, state: dict[str, torch.Tensor]) -> None:
+    # lazy: peft (~4.4 s with torch), only for LoRA policies
     from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(model, state, adapter_name=name)

@@ -39,6 +39,7 @@ def cpu_flags() -> frozenset[str]:
 def native_bf16(device: str) -> bool:
     """Whether `device` ("cpu", "cuda", "cuda:N") computes bfloat16 natively."""
     if device.startswith("cuda"):
+        # lazy: torch (~1.4 s), only where a model is built or the CPU is probed
         import torch
 
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()

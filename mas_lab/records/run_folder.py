@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from mas_lab.modeling.models import cache_dir
+
 PACKED = "run.db.xz"
 STORE = "run.db"
 
@@ -37,7 +39,6 @@ def run_folder(path: Path) -> Path:
     if not packed.is_file():
         what = "no such folder" if not path.exists() else "not a folder" if not path.is_dir() else "no run.db"
         raise NotARunFolder(f"{path}: not a run folder ({what}, nor {PACKED})")
-    from mas_lab.modeling.models import cache_dir
 
     stat = packed.stat()
     key = hashlib.sha256(f"{packed.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]

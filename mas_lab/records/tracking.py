@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -15,6 +16,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
+
+from mas_lab.analysis.plots import plot_run
+from mas_lab.config import TaskConfig, flat_params, stored_task_data
+from mas_lab.records.store import RunStore
 
 
 def resolve_uri(uri: str, base: Path | None = None) -> str:
@@ -58,10 +65,10 @@ class TrackingError(OSError):
 def _writes(method):
     """Turn MLflow's exception for a store that could not be written (its cause an OS or
     database error) into a TrackingError naming the store; other MLflow errors pass unchanged."""
-    import functools
 
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
+        # lazy: mlflow (~1.5 s), only in a tracked run
         from mlflow.exceptions import MlflowException
 
         try:
@@ -91,6 +98,7 @@ class Tracker:
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
         # the completions tables append through a download: no progress bar on the run's console
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        # lazy: mlflow (~1.5 s), only in a tracked run
         from mlflow.tracking import MlflowClient
 
         for name in ("alembic", "mlflow"):
@@ -115,6 +123,7 @@ class Tracker:
 
     @_writes
     def log_params(self, params: dict[str, str]) -> None:
+        # lazy: mlflow (~1.5 s), only in a tracked run
         from mlflow.entities import Param
 
         items = [Param(k, v[:6000]) for k, v in params.items()]
@@ -127,6 +136,7 @@ class Tracker:
 
     @_writes
     def log_metrics(self, step: int, metrics: dict[str, float], timestamp: float | None = None) -> None:
+        # lazy: mlflow (~1.5 s), only in a tracked run
         from mlflow.entities import Metric
 
         now = int((timestamp or time.time()) * 1000)
@@ -169,6 +179,7 @@ class Tracker:
         Two fixed table names keep the run tag that MLflow lists tables in
         (`mlflow.loggedArtifacts`, cut at 8,000 characters by the SQL store) at two entries: a
         table per step grew it until the cut JSON failed to parse at step ~83."""
+        # lazy: pandas (~0.3 s), only for tables
         import pandas as pd
 
         eval_rows: list[dict] = []
@@ -252,11 +263,6 @@ def rebuild(run_dir: Path, target: Path) -> str:
     recorded tracking store is on another machine), written from the run store alone: the task as
     params and artifact, every step's metrics, the completions tables and the charts. Returns its
     URI. Made once per run folder; later calls reuse it."""
-    import yaml
-
-    from mas_lab.config import TaskConfig, flat_params, stored_task_data
-    from mas_lab.records.store import RunStore
-
     target.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{(target / 'mlruns.db').resolve()}"
     done = target / "rebuilt"
@@ -278,7 +284,6 @@ def rebuild(run_dir: Path, target: Path) -> str:
         tracker.set_tag("mas_lab.rebuilt_from", str(run_dir.resolve()))
         last = max(store.metrics(), default=-1)
         tracker.sync_from_store(store, last)
-        from mas_lab.analysis.plots import plot_run
 
         charts = target / "charts"
         for path in plot_run(run_dir, charts):

@@ -80,8 +80,10 @@ def sample(
 ) -> list[list[Decoded]]:
     """n candidates for each prompt (token ids). `first_index` is the index of prompts[0] in the
     caller's whole list (rollout workers that got a slice seed as if they had all prompts)."""
+    # lazy: transformers (and torch), only when a model or tokenizer is built
     from transformers import DynamicCache
 
+    # lazy: transformers' cache classes, only when a model decodes
     from mas_lab.rollout.kv_cache import ReservedCache
 
     greedy = temperature == 0.0

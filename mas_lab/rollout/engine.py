@@ -15,7 +15,7 @@ import torch
 
 from mas_lab.actors.placement import set_threads
 from mas_lab.config import Lora, Sampling
-from mas_lab.modeling import precision
+from mas_lab.modeling import lora, precision
 from mas_lab.rollout import decode
 
 
@@ -61,6 +61,7 @@ class HFEngine:
         adapters: dict[str, Lora] | None = None,
         device: str = "cpu",
     ):
+        # lazy: transformers (and torch), only when a model or tokenizer is built
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging
 
@@ -78,8 +79,6 @@ class HFEngine:
         self.adapters = adapters or {}
         self.merged = None  # per-role adapters merged into per-policy weights (lora.MergedAdapters)
         if self.adapters:
-            from mas_lab.modeling import lora
-
             if any(spec.modules_to_save for spec in self.adapters.values()):
                 self.model = lora.attach(self.model, self.adapters)  # fully trained modules: peft's model
             else:
@@ -110,8 +109,6 @@ class HFEngine:
         if self.merged:
             self.merged.use(policy)
         elif self.adapters:
-            from mas_lab.modeling import lora
-
             lora.use(self.model, policy)
         encoded = [self.encode(messages) for messages in prompts]
         decoded = decode.sample(
@@ -153,6 +150,4 @@ class HFEngine:
         if self.merged:
             self.merged.load(policy, state)
         else:
-            from mas_lab.modeling import lora
-
             lora.load_adapter_state(self.model, policy, state)

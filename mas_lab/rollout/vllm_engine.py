@@ -48,6 +48,7 @@ class VLLMEngine:
         # the engine core in this process: weights load in place, no second process to feed
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+        # lazy: vllm, the optional engine installed in its own venv
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -86,6 +87,7 @@ class VLLMEngine:
             **kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        # lazy: transformers (and torch), only when a model or tokenizer is built
         from transformers import AutoConfig
 
         self.tied = bool(getattr(AutoConfig.from_pretrained(model_dir), "tie_word_embeddings", False))
@@ -108,6 +110,7 @@ class VLLMEngine:
         first_index: int = 0,
     ) -> list[list[Generation]]:
         """For each prompt, n candidates from one vLLM request (greedy: one, repeated n times)."""
+        # lazy: vllm, the optional engine installed in its own venv
         from vllm import SamplingParams
 
         started = time.perf_counter()
@@ -171,6 +174,7 @@ class VLLMEngine:
         self.stats["sync_s"] += time.perf_counter() - started
 
     def _load_adapter(self, policy: str, state: dict[str, torch.Tensor]) -> None:
+        # lazy: peft (~4.4 s with torch), only for LoRA policies; safetensors and torch, only where weights are read or written; vllm, the optional engine installed in its own venv
         from peft import LoraConfig
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest

@@ -7,6 +7,7 @@ from dataclasses import replace
 from mas_lab.actors.placement import node_id
 from mas_lab.config import Lora, Sampling, Vllm
 from mas_lab.rollout.engine import Generation, HFEngine
+from mas_lab.rollout.vllm_engine import VLLMEngine
 
 
 class RolloutWorker:
@@ -25,8 +26,6 @@ class RolloutWorker:
         device: str = "cpu",
     ):
         if engine == "vllm":
-            from mas_lab.rollout.vllm_engine import VLLMEngine
-
             self.engine: HFEngine | VLLMEngine = VLLMEngine(
                 model_dir, dtype=dtype, threads=threads, adapters=adapters, options=options, seed=seed
             )

@@ -4,14 +4,13 @@ killed study driver's runs checkpoint and stop, and a killed `mas-lab ui` takes 
 
 from __future__ import annotations
 
+import ctypes
 import signal
 
 PR_SET_PDEATHSIG = 1
 
 
 def _prctl():
-    import ctypes
-
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux

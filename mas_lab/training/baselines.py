@@ -20,12 +20,14 @@ hard split.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.envs.base import Env, EnvParams, Problem
+from mas_lab.envs.sudoku import SudokuEnv, allowed_digits
 
 if TYPE_CHECKING:
     from mas_lab.config import TaskConfig
@@ -140,8 +142,6 @@ def single_candidates(puzzle: list[list[int]]) -> list[list[int]]:
     """Sudoku's reading rule: fill every blank whose row, column and box leave one digit, again
     until none is left with one; then each remaining blank takes the smallest digit still allowed
     there (1 where none is), so the reply is a whole grid. No search, no backtracking."""
-    from mas_lab.envs.sudoku import allowed_digits
-
     grid = [row[:] for row in puzzle]
     forced = True
     while forced:
@@ -179,8 +179,6 @@ HELPER_ROWS = ("tool_first", "optimum")
 
 def rules_of(env_cls: type[Env]) -> RuleSet | None:
     """The reading rules of an environment: the move games' (they draw a straight way), Sudoku's, or none."""
-    from mas_lab.envs.sudoku import SudokuEnv
-
     if hasattr(env_cls, "straight_plan"):
         return MOVE_RULES
     if issubclass(env_cls, SudokuEnv):
@@ -263,8 +261,6 @@ def task_pool(task: "TaskConfig") -> ProblemPool:
     """A task's problems: training draws, the held-out evaluation set and, with
     train.hard_eval_problems, the extra hard split (held-out problems the either-order reading rule
     does not solve). Raises ValueError when the environment's parameters cannot make them."""
-    import functools
-
     env_cls = ENVS[task.env.name]
     params = env_cls.Params.coerce(task.env.params)
     hard = None

@@ -11,7 +11,9 @@ from mas_lab.actors.backend import PolicyBackend
 from mas_lab.config import TaskConfig
 from mas_lab.envs import Env, Problem
 from mas_lab.learner.samples import Sample
+from mas_lab.modeling.models import resolve
 from mas_lab.records.store import RunStore
+from mas_lab.rollout.engine import encode_chat
 from mas_lab.training.episodes import call_seed, with_system
 
 
@@ -32,10 +34,8 @@ def format_warm_up(
     the RL's alone. Logged as an event per step with each policy's mean -log p of the replies
     before that step's update."""
 
+    # lazy: transformers (and torch), only when a model or tokenizer is built
     from transformers import AutoTokenizer
-
-    from mas_lab.modeling.models import resolve
-    from mas_lab.rollout.engine import encode_chat
 
     by_model = {
         model: AutoTokenizer.from_pretrained(resolve(model)) for model in {p.model for p in task.policies.values()}
