@@ -108,7 +108,7 @@ def plot(
     left.set_ylim(0, 1)
     left.set(
         title=(
-            f"held-out success (greedy{f', {problems} problems' if problems else ''}): mean over seeds, "
+            f"held-out success (greedy{f', {problems} problems' if problems else ''}): mean over seeds,\n"
             "each seed faint, shaded: range over seeds"
         ),
         xlabel="step",
