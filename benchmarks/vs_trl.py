@@ -87,6 +87,7 @@ def run_mas_lab(task_file: str, messages, args, ray: bool = False, colocate: str
     for step in range(args.steps + 1):
         started = time.perf_counter()
         rows = backend.generate("shared", messages, args.k, sampling, seed=step)
+        rollout_s = time.perf_counter() - started
         samples = []
         for row in rows:
             rewards = [reward(g.text) for g in row]
@@ -96,10 +97,22 @@ def run_mas_lab(task_file: str, messages, args, ray: bool = False, colocate: str
                 Sample(g.prompt_ids, g.response_ids, (r - mean) / (std + 1e-6), 1.0, tuple(g.logprobs))
                 for g, r in zip(row, rewards)
             ]
-        backend.update({"shared": samples})
+        update = backend.update({"shared": samples})["shared"]
         sync = backend.sync_weights(step + 1)  # its seconds, as the trainer records them
+        flops = [g.flops for row in rows for g in row if g.flops is not None]
         steps.append(
-            {"s": time.perf_counter() - started, "sync_s": sync, "tokens": sum(len(s.response_ids) for s in samples)}
+            {
+                "s": time.perf_counter() - started,
+                "sync_s": sync,
+                "tokens": sum(len(s.response_ids) for s in samples),
+                # counted FLOPs (mas_lab/modeling/flops.py) and the measured peak (benchmarks/matmul_peak.py)
+                "rollout_s": rollout_s,
+                "rollout_gflop": sum(flops) / 1e9 if flops else None,
+                "rollout_peak": next((g.peak_gflops for row in rows for g in row if g.peak_gflops), None),
+                "learner_gflop": update.get("learner_gflop"),
+                "learner_gflops_per_s": update.get("learner_gflops_per_s"),
+                "learner_util": update.get("learner_util"),
+            }
         )
     backend.shutdown()
     if ray:
@@ -223,10 +236,25 @@ def summary(steps) -> dict:
     return {
         "s_per_step": round(seconds / len(measured), 2),
         **({"weight_sync_share": round(sum(syncs) / seconds, 4)} if syncs else {}),
+        **utilisation(measured),
         "completion_tokens_per_step": round(tokens / len(measured), 1),
         "s_per_1k_tokens": round(1000 * seconds / tokens, 2),
         "steps": [round(s["s"], 2) for s in steps],
     }
+
+
+def utilisation(measured: list[dict]) -> dict:
+    """mas-lab's rollout and learner: counted GFLOP/s and their share of the measured peak."""
+    if not measured or measured[0].get("rollout_gflop") is None:
+        return {}
+    rollout = sum(s["rollout_gflop"] for s in measured) / sum(s["rollout_s"] for s in measured)
+    learner = [s["learner_gflops_per_s"] for s in measured]
+    out = {"rollout_gflops_per_s": round(rollout, 1), "learner_gflops_per_s": round(statistics.fmean(learner), 1)}
+    if measured[0].get("rollout_peak"):
+        out["rollout_util"] = round(rollout / measured[0]["rollout_peak"], 3)
+    if measured[0].get("learner_util") is not None:
+        out["learner_util"] = round(statistics.fmean(s["learner_util"] for s in measured), 3)
+    return out
 
 
 def main() -> None:

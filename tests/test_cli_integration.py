@@ -104,6 +104,10 @@ def test_the_run_store_holds_every_step_episode_turn_and_candidate(finished_run)
             "time/weight_sync",
             "time/other",
             "tokens_per_s",
+            "rollout_gflop/shared",  # counted FLOPs (modeling/flops.py), rollout and learner
+            "rollout_gflops_per_s/shared",
+            "learner_gflop/shared",
+            "learner_gflops_per_s/shared",
         ):
             assert key in metrics[step], (step, key)
     assert "eval/success_rate" in metrics[0] and "eval/success_rate" in metrics[2]

@@ -10,6 +10,7 @@ from conftest import ROOT
 from mas_lab.actors.backend import Backend
 from mas_lab.config import TaskFileError, load_task
 from mas_lab.records.store import RunStore
+from mas_lab.training.metric_names import TIMED
 from mas_lab.training.trainer import Trainer
 
 # stage 0: every episode counts as solved (threshold 0), so it is left after its 2 minimum steps
@@ -34,10 +35,7 @@ def _run(task, run_dir, restore_step=None):
 
 def _record(run_dir):
     store = RunStore(run_dir / "run.db")
-    metrics = {
-        s: {k: v for k, v in m.items() if not k.startswith(("time/", "tokens_per_s", "eval/time"))}
-        for s, m in store.metrics().items()
-    }
+    metrics = {s: {k: v for k, v in m.items() if not k.startswith(TIMED)} for s, m in store.metrics().items()}
     rows = [
         tuple(r.values())
         for r in store.rows(

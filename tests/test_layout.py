@@ -152,7 +152,7 @@ def test_a_function_local_import_says_what_start_up_it_buys():
     out of start-up; a `# lazy: ...` comment above it (or above its block of imports) says which.
     Any other import belongs at the top of its module."""
     unmarked = []
-    for name, path in _modules().items():
+    for path in _modules().values():
         lines = path.read_text().splitlines()
         for fn in ast.walk(ast.parse("\n".join(lines))):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):

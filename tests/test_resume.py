@@ -17,11 +17,12 @@ from safetensors.torch import load_file
 
 from mas_lab.records.control import RunControl
 from mas_lab.records.store import RunStore
+from mas_lab.training.metric_names import TIMED
 
 MAS_LAB = str(Path(sys.executable).parent / "mas-lab")
 TOY = str(ROOT / "tasks" / "toy.yaml")
 # time and throughput differ between runs by nature; everything else must match exactly
-VOLATILE = ("time/", "tokens_per_s", "eval/time")
+VOLATILE = TIMED
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 

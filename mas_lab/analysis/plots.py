@@ -65,6 +65,12 @@ PANELS = {
         ["groups_all_fail/", "groups_all_success/"],
     ),
     "curriculum": ("curriculum stage (the task's own problems: the last)", ["curriculum/stage"]),
+    # counted FLOPs over the phase's seconds, and that rate as a share of this machine's measured
+    # matmul peak (benchmarks/matmul_peak.py; the share is absent where the peak was not measured)
+    "utilisation": (
+        "rollout and learner: GFLOP/s counted, and their share of the measured matmul peak",
+        ["rollout_gflops_per_s/", "rollout_util/", "learner_gflops_per_s/", "learner_util/"],
+    ),
     # each part as its share of the step, the step in seconds on an axis of its own: in seconds one
     # 248-s learner step flattened every other step's split to the floor (see _time_split)
     "time": ("step time split: each part's share of the step, and the step (s)", list(TIME_KEYS)),

@@ -24,6 +24,7 @@ from mas_lab.config import Algorithm, Lora
 from mas_lab.learner.logprobs import chunked_logprobs, logprobs_from_logits
 from mas_lab.learner.samples import Sample
 from mas_lab.modeling import lora, precision
+from mas_lab.modeling.flops import FlopMeter, peak_for
 from mas_lab.modeling.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 from mas_lab.records.background import Background
 
@@ -72,6 +73,7 @@ class Learner:
         self.model.train()
         self.precision = precision.report(dtype, device)
         self.autocast = self.precision["dtype"] == "bfloat16"
+        self.meter = FlopMeter(self.model)  # the FLOPs of every update (modeling/flops.py)
         # foreach: the multi-tensor AdamW, bitwise the per-tensor loop torch runs on a CPU by default,
         # 1.21x faster on SmolLM2-135M (benchmarks/optimizer_step.py, docs/measurements.md)
         self.optimizers = {
@@ -197,6 +199,8 @@ class Learner:
             if chunked:  # the full-vocabulary logits never kept: learner/logprobs.py
                 dtype = torch.bfloat16 if self.autocast else head.weight.dtype  # as the autocast linear
                 picked = chunked_logprobs(hidden[where], head.weight, targets, temperature, self.algo.logp_chunk, dtype)
+                if model_ is self.model:  # the output layer's matmuls, without a call to the layer
+                    self.meter.head_rows(len(targets), torch.is_grad_enabled(), recomputed=True)
             else:
                 logits = head(hidden[where])
         if not chunked:  # outside autocast: the softmax in float32
@@ -222,6 +226,9 @@ class Learner:
         clip binds. Returns loss, clip fraction, grad norm (of the last optimizer step), etc."""
         started = time.perf_counter()
         optimizer, params = self.optimizers[name], self.params[name]
+        if self.adapters:
+            self.meter.refresh()  # the adapter in use is the one trained
+        self.meter.take()
         if not samples:
             return {
                 "loss": 0.0,
@@ -299,6 +306,7 @@ class Learner:
                     optimizer_steps += 1
                     clip_bound += grad_norm > algo.grad_clip
             total_loss = epoch_loss / parts
+        learner_s = time.perf_counter() - started
         return {
             "loss": total_loss,
             "clip_frac": clipped / max(tokens * algo.epochs, 1.0),
@@ -309,7 +317,8 @@ class Learner:
             "samples": len(samples),
             "tokens": tokens,
             "nll": nll / tokens if tokens else 0.0,  # mean -log p of the trained tokens before the update
-            "learner_s": time.perf_counter() - started,
+            "learner_s": learner_s,
+            **self._utilisation(self.meter.take(), learner_s),
             **mismatch.metrics(),
             **tis.metrics(),
             **(
@@ -320,6 +329,18 @@ class Learner:
             **({"kl_initial": kl_initial} if kl_initial is not None else {}),
             **{f"grad_norm_role/{role}": norm for role, norm in role_norms.items()},
             **({"kl_penalty": kl_sum / (tokens * algo.epochs)} if reference is not None and tokens else {}),
+        }
+
+    def _utilisation(self, flops: float, seconds: float) -> dict[str, float]:
+        """The update's FLOPs (counted: modeling/flops.py), their rate, and that rate against this
+        machine's measured matmul peak at the model's shapes (omitted where not measured:
+        benchmarks/matmul_peak.py)."""
+        rate = flops / seconds / 1e9 if seconds > 0 else 0.0
+        peak = peak_for(self.model, str(self.precision["dtype"]), self.device.type)
+        return {
+            "learner_gflop": flops / 1e9,
+            "learner_gflops_per_s": rate,
+            **({"learner_util": rate / peak} if peak else {}),
         }
 
     def _role_grad_norms(self, samples: list[Sample], params) -> dict[str, float]:

@@ -16,6 +16,7 @@ import torch
 from mas_lab.actors.placement import set_threads
 from mas_lab.config import Lora, Sampling
 from mas_lab.modeling import lora, precision
+from mas_lab.modeling.flops import FlopMeter, peak_for
 from mas_lab.rollout import decode
 
 
@@ -31,6 +32,10 @@ class Generation:
     entropy: float | None = None  # mean entropy of the sampled distribution over its tokens
     truncated: bool = False  # cut at max_new_tokens before any stop token
     version: int = 0  # the weight version of the policy that generated it (set by the rollout worker)
+    # its share of its call's FLOPs (modeling/flops.py; None where the engine does not count them,
+    # vLLM) and the engine's measured matmul peak in GFLOP/s (None where not measured on this machine)
+    flops: float | None = None
+    peak_gflops: float | None = None
 
 
 def stop_ids(tokenizer, model) -> set[int]:
@@ -84,6 +89,8 @@ class HFEngine:
             else:
                 self.merged = lora.MergedAdapters(self.model, self.adapters)
         self.model.eval()
+        self.meter = FlopMeter(self.model)
+        self.peak = peak_for(self.model, dtype, device)
         self.eos_ids = stop_ids(self.tokenizer, self.model)
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
 
@@ -111,6 +118,7 @@ class HFEngine:
         elif self.adapters:
             lora.use(self.model, policy)
         encoded = [self.encode(messages) for messages in prompts]
+        self.meter.take()
         decoded = decode.sample(
             self.model,
             encoded,
@@ -123,6 +131,7 @@ class HFEngine:
             seed=seed,
             first_index=first_index,
         )
+        share = self.meter.take() / max(1, sum(len(row) for row in decoded))
         results = [
             [
                 Generation(
@@ -132,6 +141,8 @@ class HFEngine:
                     logprobs=d.logprobs,
                     entropy=sum(d.entropy) / len(d.entropy) if d.entropy else None,
                     truncated=d.truncated,
+                    flops=share,
+                    peak_gflops=self.peak,
                 )
                 for d in row
             ]

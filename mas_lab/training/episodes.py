@@ -22,6 +22,7 @@ from mas_lab.config import Sampling, TaskConfig
 from mas_lab.envs.base import Env, EnvError, Problem
 from mas_lab.modeling import models
 from mas_lab.rollout.engine import Generation
+from mas_lab.training.metric_names import ROLLOUT_FLOPS
 
 
 class Generate(Protocol):
@@ -70,6 +71,35 @@ class Timing:
     generate_s: float = 0.0
     reward_s: float = 0.0
     generated_tokens: int = 0
+    # per policy: the rollout's counted FLOPs (where the engine counts them), its seconds, the peak
+    flops: dict[str, float] = field(default_factory=dict)
+    policy_s: dict[str, float] = field(default_factory=dict)
+    peak_gflops: dict[str, float] = field(default_factory=dict)
+
+    def count(self, policy: str, generations, seconds: float) -> None:
+        """Add one call's FLOPs (each candidate carries its share: modeling/flops.py) and seconds."""
+        shares = [g.flops for row in generations for g in row if g.flops is not None]
+        if not shares:
+            return
+        self.flops[policy] = self.flops.get(policy, 0.0) + sum(shares)
+        self.policy_s[policy] = self.policy_s.get(policy, 0.0) + seconds
+        peak = next((g.peak_gflops for row in generations for g in row if g.peak_gflops), None)
+        if peak:
+            self.peak_gflops[policy] = peak
+
+    def utilisation(self) -> dict[str, float]:
+        """Per policy: the rollout's GFLOPs, their rate over its seconds, and that rate against the
+        measured matmul peak (where there is one)."""
+        gflop, per_s, util = ROLLOUT_FLOPS
+        out = {}
+        for policy, flops in self.flops.items():
+            seconds = self.policy_s[policy]
+            rate = flops / seconds / 1e9 if seconds > 0 else 0.0
+            out[f"{gflop}/{policy}"] = flops / 1e9
+            out[f"{per_s}/{policy}"] = rate
+            if policy in self.peak_gflops:
+                out[f"{util}/{policy}"] = rate / self.peak_gflops[policy]
+        return out
 
 
 # Scores the K x E candidates of one (turn, agent): each on its own branch (sandbox runs wait on I/O).
@@ -191,7 +221,9 @@ def _sample_agent(task, live, role, turn, agent_index, generate, k, seed, greedy
     prompts = [with_system(e.env.messages(role, turn), spec.system_prompt) for e in live]
     started = time.perf_counter()
     generations = generate(spec.policy, prompts, k, sampling, call_seed(seed, turn, agent_index))
-    timing.generate_s += time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    timing.generate_s += elapsed
+    timing.count(spec.policy, generations, elapsed)
     _check_context(task, live[0].env, role, turn, generations, sampling.max_new_tokens)
     timing.generated_tokens += sum(len(g.response_ids) for row in generations for g in row)
 

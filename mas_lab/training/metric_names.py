@@ -24,6 +24,25 @@ LEARNER_METRICS = (
     "kl_penalty",
     "tis_weight_mean",
     "tis_capped_frac",
+    "learner_gflop",  # FLOPs of the update, counted (modeling/flops.py)
+    "learner_gflops_per_s",
+    "learner_util",  # against this machine's measured matmul peak (benchmarks/matmul_peak.py)
+)
+
+# per policy, recorded as <name>/<policy> where the engine counts FLOPs (transformers, not vLLM): the
+# rollout's GFLOPs over the step, their rate over its seconds, that rate against the measured peak
+ROLLOUT_FLOPS = ("rollout_gflop", "rollout_gflops_per_s", "rollout_util")
+
+# metrics that measure the clock, not the run: they differ between two runs that are otherwise
+# identical (an exact resume compares everything else); key prefixes
+TIMED = (
+    "time/",
+    "tokens_per_s",
+    "eval/time",
+    "rollout_gflops_per_s",
+    "rollout_util",
+    "learner_gflops_per_s",
+    "learner_util",
 )
 
 # what an evaluation records (training/evaluation.py), read by the summary, compare, the charts,

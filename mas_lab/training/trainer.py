@@ -187,6 +187,7 @@ class Trainer:
         metrics["time/step"] = total
         metrics["tokens_generated"] = timing.generated_tokens
         metrics["tokens_per_s"] = timing.generated_tokens / timing.generate_s if timing.generate_s else 0.0
+        metrics.update(timing.utilisation())
         if task.train.curriculum:
             metrics["curriculum/stage"] = float(self.stage)
 
