@@ -196,7 +196,7 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
                 shutil.copy2(item, output / item.name)
         shutil.copy2(folder / "model.safetensors", output / "model.safetensors")
         return output
-    # lazy: safetensors and torch, only where weights are read or written; transformers (and torch), only when a model or tokenizer is built
+    # lazy: safetensors, torch and transformers, only when a policy is exported
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -108,7 +108,7 @@ def _convert_smollm2(folder: Path) -> None:
 
 def tiny_tokenizer():
     """A character-level tokenizer over printable ASCII, with ChatML special tokens."""
-    # lazy: tokenizers, only when the tiny test tokenizer is built; transformers (and torch), only when a model or tokenizer is built
+    # lazy: tokenizers and transformers, only when the tiny test tokenizer is built
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -127,7 +127,7 @@ def tiny_tokenizer():
 
 
 def _build_tiny(folder: Path) -> None:
-    # lazy: torch (~1.4 s), only where a model is built or the CPU is probed; transformers (and torch), only when a model or tokenizer is built
+    # lazy: torch and transformers, only when the tiny test model is built
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging

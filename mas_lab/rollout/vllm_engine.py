@@ -174,7 +174,7 @@ class VLLMEngine:
         self.stats["sync_s"] += time.perf_counter() - started
 
     def _load_adapter(self, policy: str, state: dict[str, torch.Tensor]) -> None:
-        # lazy: peft (~4.4 s with torch), only for LoRA policies; safetensors and torch, only where weights are read or written; vllm, the optional engine installed in its own venv
+        # lazy: peft, safetensors and vllm (the optional engine, its own venv), only for a LoRA adapter
         from peft import LoraConfig
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
