@@ -102,6 +102,14 @@ def test_orderings_follow_the_paired_test_and_a_seed_going_the_other_way_withhol
     assert next(line for line in lines if line.startswith("| A | C |")).endswith("| A above C |")
     assert next(line for line in lines if line.startswith("| B | C |")).endswith("| not distinguishable |")
 
+    # a regime that ran one seed of three: its claims say on which seed they rest
+    found["D"] = {0: seed_of(list(range(20)))}
+    claimed, lines = reproduce.orderings(["A", "D"], found)
+    assert claimed == ["D above A (on seed 0 only: the seeds both have)"]
+    assert next(line for line in lines if line.startswith("| A | D |")).endswith(
+        "| D above A (on seed 0 only: the seeds both have) |"
+    )
+
 
 def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     """The regimes of a family differ only in the team and the update: same env, problems, steps,

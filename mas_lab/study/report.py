@@ -295,14 +295,18 @@ def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list
                 continue
             low, high = v.diff_ci
             per_seed = ", ".join(f"{s.a_only}/{s.b_only}" for s in v.seeds)
-            word = v.ordering(a, b)
+            # a pair that shares only some of the seeds its regimes ran says on which it was compared
+            shared = sorted(found[a].keys() & found[b].keys())
+            only = "" if set(shared) == found[a].keys() | found[b].keys() else f" (on seed{'s' * (len(shared) > 1)} "
+            only += f"{', '.join(map(str, shared))} only: the seeds both have)" if only else ""
+            word = v.ordering(a, b) + only
             lines.append(
                 f"| {a} | {b} | {per_seed} | {v.p_value:.3g} | {v.diff:+.3f} [{low:+.2f}, {high:+.2f}] | {word} |"
             )
             if v.word == "above":
-                claimed.append(f"{a} above {b}")
+                claimed.append(f"{a} above {b}{only}")
             elif v.word == "below":
-                claimed.append(f"{b} above {a}")
+                claimed.append(f"{b} above {a}{only}")
     return claimed, lines
 
 
