@@ -34,7 +34,7 @@ from mas_lab.analysis.export import ExportError, export_records
 from mas_lab.analysis.export import export_policy as write_policy
 from mas_lab.analysis.paired import sentence
 from mas_lab.analysis.plots import plot_run
-from mas_lab.analysis.reporting import baselines_from_metrics, hard_split_text, update_text
+from mas_lab.analysis.reporting import baselines_from_metrics, hard_split_text, update_text, utilisation_text
 from mas_lab.config import TaskConfig, Tracking, task_to_yaml
 from mas_lab.envs import ENVS
 from mas_lab.envs.base import EnvError
@@ -285,6 +285,7 @@ def _print_summary(opened: runs.Run, summary: dict) -> None:
         ("mean step time (s)", f"{mean('time/step'):.2f}" if train_steps else "-"),
         ("  rollout / reward / learner / sync / other", " / ".join(f"{mean(key):.2f}" for key in TIME_KEYS)),
         ("tokens per second (rollout)", f"{mean('tokens_per_s'):.1f}"),
+        ("utilisation (counted FLOPs)", utilisation_text(train_steps) or "-"),
         ("dtype (rollout and learner)", ", ".join(sorted(set(summary.get("precision", {}).values()))) or "-"),
         ("run store", str(run_dir / "run.db")),
         ("mlflow", f"{task.tracking.mlflow_uri}  run {tracker.run_id}"),

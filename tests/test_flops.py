@@ -93,3 +93,16 @@ def test_the_peak_is_kept_per_machine_dtype_threads_and_shape(tmp_path, monkeypa
     flops.save_peak(key, measured)
     assert flops.cached_peak(key) == measured
     assert flops.cached_peak(flops.machine_key("cpu", "bfloat16", 2, dims)) is None
+
+
+def test_the_summary_line_reads_the_rates_and_shares_of_every_policy():
+    from mas_lab.analysis.reporting import utilisation_text
+
+    steps = [
+        {"rollout_gflops_per_s/a": 50.0, "rollout_util/a": 0.1, "learner_gflops_per_s/a": 100.0},
+        {"rollout_gflops_per_s/a": 70.0, "rollout_util/a": 0.3, "learner_gflops_per_s/a": 120.0},
+    ]
+    assert utilisation_text(steps) == (
+        "rollout a 60.0 GFLOP/s (20% of peak); learner a 110.0 GFLOP/s (peak not measured)"
+    )
+    assert utilisation_text([{"loss/a": 1.0}]) == ""

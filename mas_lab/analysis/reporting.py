@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from mas_lab.analysis.paired import sentence
 from mas_lab.training.metric_names import EVAL_PREFIX
@@ -139,6 +139,27 @@ def update_text(diagnostics: Mapping[str, Mapping[str, float]]) -> str:
         f"PPO ratio in [{d['ratio_min']:.3g}, {d['ratio_max']:.3g}]"
         for policy, d in diagnostics.items()
     )
+
+
+def utilisation_text(steps: Sequence[Mapping[str, float]]) -> str:
+    """Each policy's rollout and learner rate over the run's steps (mean GFLOP/s), with its share of
+    the machine's measured matmul peak where there is one (modeling/flops.py); "" where nothing was
+    counted."""
+    parts = []
+    for phase in ("rollout", "learner"):
+        rates: dict[str, list[float]] = {}
+        shares: dict[str, list[float]] = {}
+        for metrics in steps:
+            for key, value in metrics.items():
+                if key.startswith(f"{phase}_gflops_per_s/"):
+                    rates.setdefault(key.split("/", 1)[1], []).append(value)
+                elif key.startswith(f"{phase}_util/"):
+                    shares.setdefault(key.split("/", 1)[1], []).append(value)
+        for policy, values in rates.items():
+            share = shares.get(policy)
+            of_peak = f" ({sum(share) / len(share):.0%} of peak)" if share else " (peak not measured)"
+            parts.append(f"{phase} {policy} {sum(values) / len(values):.1f} GFLOP/s{of_peak}")
+    return "; ".join(parts)
 
 
 def baselines_from_metrics(metrics: Mapping[str, float], labels: Mapping[str, str], prefix: str = EVAL_PREFIX) -> dict:
