@@ -19,6 +19,7 @@ gradients (as many FLOPs as the forward), the weight gradients of every weight t
 FlopCounterMode makes for the same calls (tests/test_flops.py checks equality for a learner update
 and a sampling loop), with the attention kernel it misses on the CPU counted by the same rule.
 Norms, activations and the softmax are not matmuls and are not counted (nor are they by torch).
+Not counted either: the frozen reference model's forward under `algorithm.kl_coef` (it has no meter).
 """
 
 from __future__ import annotations
