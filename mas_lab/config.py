@@ -194,6 +194,12 @@ class Algorithm(_Strict):
     )
     lr: float = Field(1e-5, gt=0.0, description="AdamW learning rate")
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
+    adamw: Literal["foreach", "fused"] = Field(
+        "foreach",
+        description="torch's AdamW implementation: foreach (the multi-tensor loop, bitwise torch's per-tensor "
+        "default) or fused (one kernel; 0.38 -> 0.083 s a step on SmolLM2-135M, equal to foreach up to float "
+        "rounding: benchmarks/optimizer_step.py). A resumed run keeps the one it started with",
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="gradient norm clip per policy")
     epochs: int = Field(1, ge=1, le=1000, description="passes over a step's samples (1: logp_old = logp.detach())")
     mini_batches: int = Field(

@@ -38,7 +38,7 @@ CASES = [
     (
         "unknown key",
         lambda d: d["algorithm"].update(kk=4),
-        "field 'algorithm.kk': unknown key; allowed: ['advantage', 'clip_eps_high'",
+        "field 'algorithm.kk': unknown key; allowed: ['adamw', 'advantage', 'clip_eps_high'",
     ),
     ("wrong type", lambda d: d["train"].update(steps="many"), "field 'train.steps': Input should be a valid integer"),
     (
