@@ -25,3 +25,22 @@ def test_one_long_step_does_not_flatten_the_time_split(tmp_path):
         assert sum(dict(series[f"share/{p}"])[step] for p in TIME_SPLIT) == pytest.approx(1.0)
     assert dict(series["share/rollout"])[1] == pytest.approx(0.3)  # visible, not 3/244 of an axis
     assert dict(series["share/learner"])[2] == pytest.approx(240 / 244)
+
+
+def test_utilisation_is_a_panel_with_rates_and_shares_on_axes_of_their_own(tmp_path):
+    """The counted GFLOP/s (tens to hundreds) and the share of the peak (0-1) never share an axis,
+    and the rollout's and the learner's are apart too."""
+    store = RunStore(tmp_path / "run.db")
+    for step in (1, 2):
+        metrics = {
+            "rollout_gflops_per_s/shared": 50.0,
+            "rollout_util/shared": 0.12,
+            "learner_gflops_per_s/shared": 150.0,
+            "learner_util/shared": 0.4,
+            "rollout_gflop/shared": 900.0,  # a count, not a rate: not drawn here
+        }
+        store.write_step(step, 0.0, [], "train", metrics=metrics)
+    title, series = panel_series(store)["utilisation"]
+    store.close()
+    assert "peak" in title and "rollout_gflop/shared" not in series
+    assert set(axis_groups(series)) == {"rollout_gflops_per_s", "rollout_util", "learner_gflops_per_s", "learner_util"}
