@@ -26,6 +26,8 @@ from mas_lab.training.metric_names import (
     HARD_CI_LOW,
     HARD_PREFIX,
     HARD_SUCCESS,
+    LEARNER_FLOPS,
+    ROLLOUT_FLOPS,
     TIME_KEYS,
     rule_key,
 )
@@ -69,7 +71,7 @@ PANELS = {
     # matmul peak (benchmarks/matmul_peak.py; the share is absent where the peak was not measured)
     "utilisation": (
         "rollout and learner: GFLOP/s counted, and their share of the measured matmul peak",
-        ["rollout_gflops_per_s/", "rollout_util/", "learner_gflops_per_s/", "learner_util/"],
+        [f"{name}/" for phase in (ROLLOUT_FLOPS, LEARNER_FLOPS) for name in phase[1:]],
     ),
     # each part as its share of the step, the step in seconds on an axis of its own: in seconds one
     # 248-s learner step flattened every other step's split to the floor (see _time_split)

@@ -12,7 +12,7 @@ import statistics
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from mas_lab.analysis.paired import sentence
-from mas_lab.training.metric_names import EVAL_PREFIX
+from mas_lab.training.metric_names import EVAL_PREFIX, LEARNER_FLOPS, ROLLOUT_FLOPS
 
 if TYPE_CHECKING:
     from mas_lab.training.episodes import Episode
@@ -146,15 +146,16 @@ def utilisation_text(steps: Sequence[Mapping[str, float]]) -> str:
     the machine's measured matmul peak where there is one (modeling/flops.py); "" where nothing was
     counted."""
     parts = []
-    for phase in ("rollout", "learner"):
+    for phase, (_, per_s, util) in (("rollout", ROLLOUT_FLOPS), ("learner", LEARNER_FLOPS)):
         rates: dict[str, list[float]] = {}
         shares: dict[str, list[float]] = {}
         for metrics in steps:
             for key, value in metrics.items():
-                if key.startswith(f"{phase}_gflops_per_s/"):
-                    rates.setdefault(key.split("/", 1)[1], []).append(value)
-                elif key.startswith(f"{phase}_util/"):
-                    shares.setdefault(key.split("/", 1)[1], []).append(value)
+                name, _, policy = key.partition("/")
+                if name == per_s:
+                    rates.setdefault(policy, []).append(value)
+                elif name == util:
+                    shares.setdefault(policy, []).append(value)
         for policy, values in rates.items():
             share = shares.get(policy)
             of_peak = f" ({sum(share) / len(share):.0%} of peak)" if share else " (peak not measured)"

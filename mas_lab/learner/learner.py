@@ -27,6 +27,7 @@ from mas_lab.modeling import lora, precision
 from mas_lab.modeling.flops import FlopMeter, peak_for
 from mas_lab.modeling.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 from mas_lab.records.background import Background
+from mas_lab.training.metric_names import LEARNER_FLOPS
 
 
 class Learner:
@@ -341,13 +342,10 @@ class Learner:
         """The update's FLOPs (counted: modeling/flops.py), their rate, and that rate against this
         machine's measured matmul peak at the model's shapes (omitted where not measured:
         benchmarks/matmul_peak.py)."""
+        gflop, per_s, util = LEARNER_FLOPS
         rate = flops / seconds / 1e9 if seconds > 0 else 0.0
-        peak = peak_for(self.model, str(self.precision["dtype"]), self.device.type)
-        return {
-            "learner_gflop": flops / 1e9,
-            "learner_gflops_per_s": rate,
-            **({"learner_util": rate / peak} if peak else {}),
-        }
+        peak = peak_for(self.meter.dims, str(self.precision["dtype"]), self.device.type)
+        return {gflop: flops / 1e9, per_s: rate, **({util: rate / peak} if peak else {})}
 
     def _role_grad_norms(self, samples: list[Sample], params) -> dict[str, float]:
         """The gradient norm of each role's own samples, before the update (a diagnostic: Dr. MAS,

@@ -203,6 +203,6 @@ def save_peak(key: str, gflops: float) -> None:
     os.replace(tmp, path)
 
 
-def peak_for(model: Any, dtype: str, device: str = "cpu") -> float | None:
-    """The cached peak for this model on this machine at the current thread count."""
-    return cached_peak(machine_key(device, dtype, torch.get_num_threads(), dims_of(model)))
+def peak_for(dims: Dims, dtype: str, device: str = "cpu") -> float | None:
+    """The cached peak for a model of these shapes on this machine at the current thread count."""
+    return cached_peak(machine_key(device, dtype, torch.get_num_threads(), dims))

@@ -90,7 +90,7 @@ class HFEngine:
                 self.merged = lora.MergedAdapters(self.model, self.adapters)
         self.model.eval()
         self.meter = FlopMeter(self.model)
-        self.peak = peak_for(self.model, dtype, device)
+        self.peak = peak_for(self.meter.dims, dtype, device)
         self.eos_ids = stop_ids(self.tokenizer, self.model)
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
 

@@ -297,8 +297,10 @@ def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list
             per_seed = ", ".join(f"{s.a_only}/{s.b_only}" for s in v.seeds)
             # a pair that shares only some of the seeds its regimes ran says on which it was compared
             shared = sorted(found[a].keys() & found[b].keys())
-            only = "" if set(shared) == found[a].keys() | found[b].keys() else f" (on seed{'s' * (len(shared) > 1)} "
-            only += f"{', '.join(map(str, shared))} only: the seeds both have)" if only else ""
+            seeds = f"seed{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))}"
+            only = (
+                "" if set(shared) == found[a].keys() | found[b].keys() else f" (on {seeds} only: the seeds both have)"
+            )
             word = v.ordering(a, b) + only
             lines.append(
                 f"| {a} | {b} | {per_seed} | {v.p_value:.3g} | {v.diff:+.3f} [{low:+.2f}, {high:+.2f}] | {word} |"

@@ -5,6 +5,13 @@ the charts, the dashboard and the benchmarks."""
 TIME_SPLIT = ("rollout", "reward", "learner", "weight_sync", "other")
 TIME_KEYS = tuple(f"time/{part}" for part in TIME_SPLIT)
 
+# per policy, recorded as <name>/<policy>: the counted FLOPs of a phase over the step (modeling/flops.py),
+# their rate over the phase's seconds, and that rate against this machine's measured matmul peak
+# (benchmarks/matmul_peak.py; absent where not measured). The rollout's where the engine counts FLOPs
+# (transformers, not vLLM).
+ROLLOUT_FLOPS = ("rollout_gflop", "rollout_gflops_per_s", "rollout_util")
+LEARNER_FLOPS = ("learner_gflop", "learner_gflops_per_s", "learner_util")
+
 # what each learner reports of a policy's update, recorded as <name>/<policy>
 LEARNER_METRICS = (
     "loss",
@@ -24,26 +31,12 @@ LEARNER_METRICS = (
     "kl_penalty",
     "tis_weight_mean",
     "tis_capped_frac",
-    "learner_gflop",  # FLOPs of the update, counted (modeling/flops.py)
-    "learner_gflops_per_s",
-    "learner_util",  # against this machine's measured matmul peak (benchmarks/matmul_peak.py)
+    *LEARNER_FLOPS,
 )
-
-# per policy, recorded as <name>/<policy> where the engine counts FLOPs (transformers, not vLLM): the
-# rollout's GFLOPs over the step, their rate over its seconds, that rate against the measured peak
-ROLLOUT_FLOPS = ("rollout_gflop", "rollout_gflops_per_s", "rollout_util")
 
 # metrics that measure the clock, not the run: they differ between two runs that are otherwise
 # identical (an exact resume compares everything else); key prefixes
-TIMED = (
-    "time/",
-    "tokens_per_s",
-    "eval/time",
-    "rollout_gflops_per_s",
-    "rollout_util",
-    "learner_gflops_per_s",
-    "learner_util",
-)
+TIMED = ("time/", "tokens_per_s", "eval/time", *ROLLOUT_FLOPS[1:], *LEARNER_FLOPS[1:])
 
 # what an evaluation records (training/evaluation.py), read by the summary, compare, the charts,
 # the study report, the notebook and the dashboard
