@@ -200,6 +200,13 @@ class Algorithm(_Strict):
         "default) or fused (one kernel; 0.38 -> 0.083 s a step on SmolLM2-135M, equal to foreach up to float "
         "rounding: benchmarks/optimizer_step.py). A resumed run keeps the one it started with",
     )
+    overlap: bool = Field(
+        False,
+        description="one-step-off-policy overlap: while the learners update on step n, the rollout of step n+1 "
+        "runs with the weights before that update (staleness 1, stored per step as staleness/<policy>; "
+        "tis_cap corrects with the sampler's log-probs). Exact on resume. Not with a curriculum (a promotion "
+        "after step n would change step n+1's problems) or vLLM's sleep. A resumed run keeps the setting",
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="gradient norm clip per policy")
     epochs: int = Field(1, ge=1, le=1000, description="passes over a step's samples (1: logp_old = logp.detach())")
     mini_batches: int = Field(
@@ -572,6 +579,17 @@ class TaskConfig(_Strict):
             if any(p.engine != "hf" for p in self.policies.values()):
                 raise ValueError(
                     "resources.colocate: true needs the transformers engine (hf); allowed with vllm: auto, false"
+                )
+        if self.algorithm.overlap:
+            if self.train.curriculum:
+                raise ValueError(
+                    "algorithm.overlap: the rollout of step n+1 starts before step n's curriculum promotion "
+                    "would choose its problems; allowed with train.curriculum: false"
+                )
+            if any(p.engine == "vllm" and p.vllm.sleep for p in self.policies.values()):
+                raise ValueError(
+                    "algorithm.overlap: vLLM's sleep frees the engine while the learner updates, when the "
+                    "overlapped rollout needs it; allowed: false, or policies.<name>.vllm.sleep: false"
                 )
         if self.algorithm.kl_coef and any(p.lora for p in self.policies.values()):
             raise ValueError(

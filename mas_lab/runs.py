@@ -157,8 +157,9 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
 # What a resumed task may not change: the checkpoint's weights and groups depend on these (the
 # roles' names and policies, the team's shape; a role's K, sampling, alpha, loss weight and prompt may
 # change, as the other settings may: each change is an MLflow tag of the run). The AdamW
-# implementation stays: fused and foreach differ by float rounding, so a switch would not continue exactly.
-FIXED_ON_RESUME = ("env.name", "roles[].name", "roles[].policy", "policies", "algorithm.adamw")
+# implementation stays: fused and foreach differ by float rounding, so a switch would not continue exactly;
+# so does the overlap (a checkpoint taken with a rollout already made holds it for the next step).
+FIXED_ON_RESUME = ("env.name", "roles[].name", "roles[].policy", "policies", "algorithm.adamw", "algorithm.overlap")
 
 
 def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:

@@ -139,8 +139,12 @@ class Backend:
             spread: dict[str, Any] = {"scheduling_strategy": "SPREAD"} if res.rollout_workers > 1 else {}
             worker_cls: Any = ray.remote(num_cpus=res.rollout_cpus, num_gpus=res.rollout_gpus, **spread)(RolloutWorker)
             learner_cls: Any = ray.remote(num_cpus=res.learner_cpus, num_gpus=res.learner_gpus)(Learner)
+            # overlap: the next step's rollout runs while the update does (a threaded actor)
+            threaded: dict[str, Any] = {"max_concurrency": 2} if task.algorithm.overlap else {}
             colocated_cls: Any = ray.remote(
-                num_cpus=res.rollout_cpus + res.learner_cpus, num_gpus=max(res.rollout_gpus, res.learner_gpus)
+                num_cpus=res.rollout_cpus + res.learner_cpus,
+                num_gpus=max(res.rollout_gpus, res.learner_gpus),
+                **threaded,
             )(Colocated)
         else:
             worker_cls, learner_cls, colocated_cls = RolloutWorker, Learner, Colocated

@@ -9,6 +9,8 @@ where the engine holds a bf16 copy of the learner's float32 master weights, each
 into the engine's own tensor in place (what the copy through the object store did, without the
 serialisation); with LoRA adapters, the adapter state moves in memory. The samples are those of
 the separate actors: the same weights reach the same engine code (tests/test_colocated.py).
+Under `algorithm.overlap` the engine samples step n+1 while the learner updates on step n, so it
+keeps its own copy of the weights even where the dtypes match, and a sync copies them in place.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class Colocated:
         engine = self.worker.engine
         if isinstance(engine, HFEngine) and not engine.adapters and not self.learner.adapters:
             self.pairs = list(zip(engine.model.parameters(), self.learner.model.parameters(), strict=True))
-            if all(e.shape == p.shape and e.dtype == p.dtype and e.device == p.device for e, p in self.pairs):
+            same = all(e.shape == p.shape and e.dtype == p.dtype and e.device == p.device for e, p in self.pairs)
+            if same and not self.learner.algo.overlap:  # overlapped, the engine must not see the update happen
                 for e, p in self.pairs:
                     e.data = p.data  # one storage: the optimizer's in-place step is the sync
                 self.shared = True

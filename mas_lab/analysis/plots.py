@@ -66,6 +66,10 @@ PANELS = {
         "groups with no signal per (agent, turn): all fail, all succeed",
         ["groups_all_fail/", "groups_all_success/"],
     ),
+    "staleness": (
+        "algorithm.overlap: updates between the weights that sampled a step and the weights it trains, per policy",
+        ["staleness/"],
+    ),
     "curriculum": ("curriculum stage (the task's own problems: the last)", ["curriculum/stage"]),
     # counted FLOPs over the phase's seconds, and that rate as a share of this machine's measured
     # matmul peak (benchmarks/matmul_peak.py; the share is absent where the peak was not measured)
@@ -77,8 +81,9 @@ PANELS = {
     # 248-s learner step flattened every other step's split to the floor (see _time_split)
     "time": ("step time split: each part's share of the step, and the step (s)", list(TIME_KEYS)),
 }
-# a panel drawn only for runs that record its own metric (older stores have grad_norm but no clip share)
-REQUIRES = {"update": "grad_clip_frac/"}
+# a panel drawn only for runs that record a metric of their own (older stores have grad_norm but no clip
+# share; every run records its staleness, 0 unless it overlaps, which only overlapped runs time)
+REQUIRES = {"update": "grad_clip_frac/", "staleness": "time/overlap_wait"}
 BASELINE_STYLES = {
     "constant": ("grey", "--"),
     "rows_first": ("tab:orange", ":"),
@@ -106,7 +111,7 @@ def panel_series(store: RunStore) -> dict[str, tuple[str, dict[str, list[tuple[i
     for panel, (title, patterns) in PANELS.items():
         chosen = [k for k in keys if any(_matches(k, p) for p in patterns)]
         needed = REQUIRES.get(panel)
-        if chosen and (needed is None or any(_matches(k, needed) for k in chosen)):
+        if chosen and (needed is None or any(_matches(k, needed) for k in keys)):
             series = {key: store.series(key) for key in chosen}
             out[panel] = (title, _time_split(series, store.series("time/step")) if panel == "time" else series)
     return out

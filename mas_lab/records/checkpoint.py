@@ -60,9 +60,10 @@ class Pending:
     started: float
 
 
-def begin(run_dir: Path, step: int, state: dict) -> Pending:
-    """Start checkpoint `step`: its temporary folder with state.json and the driver's RNG states
-    as they are now (the policies are written next, possibly in the background)."""
+def begin(run_dir: Path, step: int, state: dict, extra: dict[str, bytes] | None = None) -> Pending:
+    """Start checkpoint `step`: its temporary folder with state.json, the driver's RNG states as
+    they are now and any `extra` files (name -> bytes: the trainer's rollout made ahead under
+    algorithm.overlap); the policies are written next, possibly in the background."""
     started = time.perf_counter()
     root = folder(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -73,6 +74,8 @@ def begin(run_dir: Path, step: int, state: dict) -> Pending:
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     with open(tmp / "driver_rng.pkl", "wb") as handle:
         pickle.dump({"python": random.getstate(), "numpy": np.random.get_state()}, handle)
+    for name, data in (extra or {}).items():
+        (tmp / name).write_bytes(data)
     return Pending(Path(run_dir), step, tmp, final, started)
 
 
@@ -94,10 +97,12 @@ def finish(pending: Pending, keep_last: int) -> tuple[Path, float]:
     return final, time.perf_counter() - pending.started
 
 
-def save(run_dir: Path, step: int, state: dict, write_policies, keep_last: int) -> tuple[Path, float]:
+def save(
+    run_dir: Path, step: int, state: dict, write_policies, keep_last: int, extra: dict[str, bytes] | None = None
+) -> tuple[Path, float]:
     """Write checkpoint `step`; `write_policies(tmp)` saves every policy under tmp/policies/<name>.
     Returns the final folder and the seconds it took."""
-    pending = begin(run_dir, step, state)
+    pending = begin(run_dir, step, state, extra)
     write_policies(pending.tmp / "policies")
     return finish(pending, keep_last)
 

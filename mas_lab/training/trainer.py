@@ -7,6 +7,7 @@ problems -> tree sampling (episodes.py) -> groups (problem, agent, turn) -> GRPO
 
 from __future__ import annotations
 
+import pickle
 import statistics
 import time
 from dataclasses import dataclass
@@ -35,6 +36,18 @@ from mas_lab.training.metric_names import LEARNER_METRICS, TIME_KEYS
 from mas_lab.training.progress import Progress, ProgressEvent
 from mas_lab.training.warmup import format_warm_up
 
+PREFETCHED = "prefetched_rollout.pkl"  # in a checkpoint taken with the next step's rollout already made
+
+
+@dataclass
+class Rollout:
+    """One step's sampled episodes (Algorithm 1's inner loops) and what sampling them cost: made in
+    the step itself, or under `algorithm.overlap` while the learners updated on the step before."""
+
+    step: int
+    episodes: list[Episode]
+    timing: Timing
+
 
 @dataclass
 class TrainStep:
@@ -52,6 +65,20 @@ def compute_advantages(episodes: list[Episode], method: str, credit: Credit) -> 
     trajectories."""
     trajectories = [(e.problem.id, [c for t in e.turns for c in t.candidates]) for e in episodes]
     return assign_advantages(trajectories, method, credit, outcomes=[e.final_team for e in episodes])
+
+
+def staleness(episodes: list[Episode], step: int) -> dict[str, float]:
+    """Per policy: how many updates the weights that sampled this step's candidates are behind the
+    weights this step trains (the learner holds version step - 1 before its update; the workers
+    report the version they sampled with): 0 on-policy, 1 under `algorithm.overlap`. Policies whose
+    engine reports no version are left out."""
+    oldest: dict[str, int] = {}
+    for episode in episodes:
+        for turn in episode.turns:
+            for c in turn.candidates:
+                if c.version is not None:
+                    oldest[c.policy] = min(oldest.get(c.policy, c.version), c.version)
+    return {f"staleness/{policy}": float(step - 1 - version) for policy, version in oldest.items()}
 
 
 class Trainer:
@@ -87,6 +114,7 @@ class Trainer:
         self._pending: tuple[Background, int] | None = None  # a checkpoint being sealed in the background
         self.paused = False
         self.stop_requested = False
+        self.prefetched: Rollout | None = None  # algorithm.overlap: the next step's rollout, already made
 
     @property
     def train_pool(self) -> ProblemPool:
@@ -109,17 +137,12 @@ class Trainer:
             self.stage, self.stage_started, self.cursor = self.stage + 1, step, 0
             self.store.event(step, "curriculum", said)
 
-    def train_step(self, step: int, progress: Progress | None = None) -> TrainStep:
-        """Algorithm 1, one step: sample, group, advantages, filter, update, sync, record."""
-        task, algo = self.task, self.task.algorithm
-        tell = progress or (lambda event: None)
-        started_wall = time.time()
-        started = time.perf_counter()
-        problems = self.next_problems()
+    def rollout(self, step: int, problems: list[Problem], on_turn=None) -> Rollout:
+        """ALGORITHM 1: sample. Tree: K candidates per (turn, agent) from one observation, each scored on
+        its own copy of the state, the best becomes the live state. Trajectories: K independent episodes.
+        Seeded by the step alone, so it is the same whichever thread runs it."""
+        algo = self.task.algorithm
         timing = Timing()
-        seed = call_seed(task.train.seed, "step", step)
-        # ---- ALGORITHM 1: sample. Tree: K candidates per (turn, agent) from one observation, each scored
-        # on its own copy of the state, the best becomes the live state. Trajectories: K independent episodes.
         if self.tree:  # one live episode per problem; K candidates per (turn, agent), the best continues
             episodes = [Episode(i, p, self.train_pool.make(p)) for i, p in enumerate(problems)]
         else:  # K independent trajectories per problem, one candidate per (turn, agent)
@@ -128,15 +151,28 @@ class Trainer:
                 for i, p in enumerate(problems)
                 for j in range(algo.k)
             ]
+        seed = call_seed(self.task.train.seed, "step", step)
         tree_rollout(
-            task,
-            episodes,
-            self.generate,
-            algo.k if self.tree else 1,
-            seed,
-            timing=timing,
-            on_turn=lambda t, role: tell(ProgressEvent(f"rollout t{t} {role}", step)),
+            self.task, episodes, self.generate, algo.k if self.tree else 1, seed, timing=timing, on_turn=on_turn
         )
+        return Rollout(step, episodes, timing)
+
+    def train_step(self, step: int, progress: Progress | None = None) -> TrainStep:
+        """Algorithm 1, one step: sample, group, advantages, filter, update, sync, record. Under
+        `algorithm.overlap` the step's rollout was made during the step before, and the next step's
+        runs during this step's update (one step off the policy: paper Algorithm 1 with the
+        rollout of step n+1 sampled by the weights before update n)."""
+        task, algo = self.task, self.task.algorithm
+        tell = progress or (lambda event: None)
+        started_wall = time.time()
+        started = time.perf_counter()
+        if self.prefetched is not None and self.prefetched.step == step:
+            made, self.prefetched = self.prefetched, None
+        else:
+            made = self.rollout(
+                step, self.next_problems(), lambda t, role: tell(ProgressEvent(f"rollout t{t} {role}", step))
+            )
+        episodes, timing = made.episodes, made.timing
 
         sandbox.raise_refusal()
         # ---- ALGORITHM 1: group (problem, agent, turn) and advantages (Eq. 3, or the task's credit method)
@@ -161,9 +197,17 @@ class Trainer:
 
         # ---- ALGORITHM 1: update every policy on its samples, then sync the rollout workers' weights
         tell(ProgressEvent("learner", step))
+        upcoming = None
+        if algo.overlap:  # the next step's rollout, with the weights before this update (drawn here, in order)
+            problems = self.next_problems()
+            upcoming = Background(lambda: self.rollout(step + 1, problems), name=f"rollout-{step + 1}")
         learner_started = time.perf_counter()
         updates = self.backend.update(samples)
         learner_s = time.perf_counter() - learner_started
+        waited = time.perf_counter()
+        if upcoming is not None:  # the engine keeps the old weights until its rollout is done
+            self.prefetched = upcoming.result()
+        wait_s = time.perf_counter() - waited
         tell(ProgressEvent("weight sync", step))
         sync_s = self.backend.sync_weights(step)
 
@@ -185,6 +229,9 @@ class Trainer:
         split = (timing.generate_s, timing.reward_s, learner_s, sync_s)
         metrics.update(zip(TIME_KEYS, (*split, max(0.0, total - sum(split)))))
         metrics["time/step"] = total
+        if algo.overlap:  # after the update, how long the next step's rollout still ran
+            metrics["time/overlap_wait"] = wait_s
+        metrics.update(staleness(episodes, step))
         metrics["tokens_generated"] = timing.generated_tokens
         metrics["tokens_per_s"] = timing.generated_tokens / timing.generate_s if timing.generate_s else 0.0
         metrics.update(timing.utilisation())
@@ -321,11 +368,14 @@ class Trainer:
             "store": self.store.digest(step),
         }
         keep_last = self.task.checkpoint.keep_last
+        # algorithm.overlap: the next step's rollout, made with the weights before this step's update,
+        # which the checkpoint no longer holds; a resume takes it from here
+        extra = {PREFETCHED: pickle.dumps(self.prefetched)} if self.prefetched is not None else None
         if not self.task.checkpoint.background:
-            path, seconds = checkpoint.save(self.run_dir, step, state, self.backend.save_policies, keep_last)
+            path, seconds = checkpoint.save(self.run_dir, step, state, self.backend.save_policies, keep_last, extra)
             self._checkpointed(step, path, seconds)
             return
-        pending = checkpoint.begin(self.run_dir, step, state)
+        pending = checkpoint.begin(self.run_dir, step, state, extra)
         self.backend.save_policies(pending.tmp / "policies", background=True)
 
         def seal() -> tuple[Path, float]:
@@ -363,4 +413,6 @@ class Trainer:
         # checkpoints from before the curriculum have no stage: the task's own problems
         self.stage = state.get("stage", len(self.task.train.curriculum))
         self.stage_started = state.get("stage_started", 0)
+        if (path / PREFETCHED).is_file():  # written by this run's own checkpoint, verified against its manifest
+            self.prefetched = pickle.loads((path / PREFETCHED).read_bytes())
         return state
