@@ -2,7 +2,9 @@
 
     .venv-peer/bin/python benchmarks/_trl_grpo.py SPEC.json
 
-SPEC: model folder, chat prompts, K, lr, max new tokens, steps, dtype. Prints one JSON line:
+SPEC: model folder, chat prompts, K, lr, max new tokens, steps, dtype, and optionally the micro-batch
+(samples per forward/backward; the step's n_prompts x K samples are reached by gradient accumulation,
+one generation per optimizer step; default: the whole step as one micro-batch). Prints one JSON line:
 {"steps": [{"s": seconds, "tokens": completion tokens}, ...]}, one entry per optimizer step, timed
 by a callback from step begin to step end (generation, reward, loss, backward, optimizer).
 """
@@ -44,6 +46,9 @@ class Timer(TrainerCallback):
 
 torch.set_num_threads(torch.get_num_threads())
 n_prompts, k = len(spec["messages"]), spec["k"]
+micro = spec.get("micro_batch") or n_prompts * k
+if (n_prompts * k) % micro:
+    sys.exit(f"the micro-batch {micro} does not divide the step's {n_prompts * k} samples")
 data = Dataset.from_list([{"prompt": m} for m in spec["messages"]])
 config = GRPOConfig(
     output_dir=spec["output"],
@@ -51,9 +56,8 @@ config = GRPOConfig(
     bf16=spec["dtype"] == "bfloat16",
     learning_rate=spec["lr"],
     num_generations=k,
-    per_device_train_batch_size=n_prompts * k,
-    gradient_accumulation_steps=1,
-    steps_per_generation=1,
+    per_device_train_batch_size=micro,
+    gradient_accumulation_steps=n_prompts * k // micro,  # one generation of n_prompts x K per optimizer step
     num_iterations=1,
     max_completion_length=spec["max_new_tokens"],
     temperature=1.0,

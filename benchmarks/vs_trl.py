@@ -3,7 +3,7 @@ on the same prompts, model, K, max new tokens, lr, dtype and reward; prints JSON
 
     make bench-peer                      # TRL in .venv-peer (never a dependency of mas-lab)
     .venv/bin/python benchmarks/vs_trl.py [--task tasks/plan_path_single_agent.yaml] [--problems 4]
-        [--k 4] [--max-new-tokens 64] [--steps 3] [--dtype bfloat16]
+        [--k 4] [--max-new-tokens 64] [--steps 3] [--dtype bfloat16] [--trl-micro-batches 16 4]
 
 Prompts: the first observations of the task's training problems (Plan-Path by default), as chat
 messages. Reward (the same function for all three, see `reward`): 1 for a reply that holds a
@@ -22,7 +22,10 @@ each up to its first stop token), then the ratios against mas-lab. Run on an idl
   whole batch in micro-batches, AdamW; the model generates with the weights it trains.
 - TRL: `GRPOTrainer` (benchmarks/_trl_grpo.py, in .venv-peer) with its CPU settings: no vLLM,
   no gradient checkpointing, `bf16` as asked, beta 0 (no reference model), one iteration per
-  generation batch, `steps_per_generation` 1; timed per optimizer step by a callback.
+  generation batch (one generation of problems x K per optimizer step, reached by gradient
+  accumulation over micro-batches); timed per optimizer step by a callback. A peer is measured at
+  its best setting: TRL runs once per `--trl-micro-batches` size (default: the whole step, 8 and 4),
+  `trl` reports the fastest and `trl_by_micro_batch` every one.
 """
 
 from __future__ import annotations
@@ -199,7 +202,18 @@ def run_plain(model_dir: str, messages, args) -> list[dict]:
     return steps
 
 
-def run_trl(model_dir: str, messages, args) -> list[dict] | str:
+def run_trl_sweep(model_dir: str, messages, args) -> tuple[list[dict] | str, dict]:
+    """TRL at each micro-batch size: the fastest run's steps, and every size's summary."""
+    sizes = args.trl_micro_batches or sorted({len(messages) * args.k, 8, 4}, reverse=True)
+    runs = {size: run_trl(model_dir, messages, args, size) for size in sizes}
+    table = {str(size): summary(steps) for size, steps in runs.items()}
+    timed = {size: table[str(size)]["s_per_1k_tokens"] for size in sizes if "s_per_1k_tokens" in table[str(size)]}
+    if not timed:
+        return next(iter(runs.values())), table
+    return runs[min(timed, key=lambda size: timed[size])], table
+
+
+def run_trl(model_dir: str, messages, args, micro_batch: int | None = None) -> list[dict] | str:
     python = ROOT / ".venv-peer" / "bin" / "python"
     if not python.exists():
         return "TRL not installed: run `make bench-peer`"
@@ -215,6 +229,7 @@ def run_trl(model_dir: str, messages, args) -> list[dict] | str:
                     "max_new_tokens": args.max_new_tokens,
                     "steps": args.steps + 1,
                     "dtype": args.dtype,
+                    "micro_batch": micro_batch,
                     "output": tmp,
                 }
             )
@@ -267,6 +282,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--trl-micro-batches",
+        type=int,
+        nargs="+",
+        default=None,
+        help="TRL's micro-batch sizes to try (the fastest counts)",
+    )
     parser.add_argument("--only", nargs="+", default=["mas_lab_ray", "mas_lab", "mas_lab_ray_apart", "plain", "trl"])
     args = parser.parse_args()
     messages, model_dir = prompts_of(args.task, args.problems)
@@ -284,10 +306,13 @@ def main() -> None:
         "mas_lab_ray": lambda: run_mas_lab(args.task, messages, args, ray=True),
         "mas_lab_ray_apart": lambda: run_mas_lab(args.task, messages, args, ray=True, colocate="false"),
         "plain": lambda: run_plain(model_dir, messages, args),
-        "trl": lambda: run_trl(model_dir, messages, args),
     }
     for name in args.only:
-        out[name] = summary(runners[name]())
+        if name == "trl":
+            steps, out["trl_by_micro_batch"] = run_trl_sweep(model_dir, messages, args)
+            out[name] = summary(steps)
+        else:
+            out[name] = summary(runners[name]())
         print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
     for ours in ("mas_lab_ray", "mas_lab"):  # the product's path first, then one process
         base = out.get(ours, {}).get("s_per_1k_tokens")
