@@ -2,7 +2,7 @@
 interleaved rounds (A B C A B C ...: drift of the machine falls on every variant alike); prints JSON.
 
     .venv/bin/python benchmarks/learner_options.py [--task tasks/plan_path_learns.yaml] [--problems 4]
-        [--k 4] [--dtype bfloat16] [--rounds 3] [--variants base fused mb16 mb32 math eager compile_mlp]
+        [--k 4] [--dtype bfloat16] [--rounds 3] [--threads 0] [--variants base fused mb16 mb32 math eager compile_mlp]
 
 Samples: the task's first-role observations of `--problems` training problems, K candidates each,
 sampled once by our engine (the same samples for every variant), advantages +1/-1 alternating.
@@ -17,11 +17,13 @@ Variants (each a fresh Learner, seeded alike; `base` is the task's algorithm wit
   regional compilation of the elementwise-heavy block (the attention block holds the KV cache,
   which breaks graphs).
 
-Reported per variant: the mean and min seconds of the timed updates (the first update of each
-learner is a warm-up, compile time included, reported as `first_s`), the counted GFLOP and the
-utilisation the learner stores (modeling/flops.py against the cached matmul peak), the loss and
-pre-clip gradient norm of the first update (equal up to float rounding across variants: the same
-update), and the speed-up against `base`. Run on an idle machine.
+Each variant is measured beside the first (`base`) in its own pair, the two learners updated in
+turn for `--rounds` rounds (two learners in memory at a time). Reported per pair and learner: the
+mean and min seconds of the timed updates (the first update of each learner is a warm-up, compile
+time included, reported as `first_s`), the counted GFLOP and the utilisation the learner stores
+(modeling/flops.py against the cached matmul peak), the loss and pre-clip gradient norm of the first
+update (equal up to float rounding across variants: the same update), and the speed-up against the
+pair's base. Run on an idle machine.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("base", "fused", "mb16", "mb32", "math", "eager", "compile_mlp")
 
 
-def learner_for(variant: str, model_dir: str, algorithm, dtype: str) -> tuple[Learner, object]:
+def learner_for(variant: str, model_dir: str, algorithm, dtype: str, threads: int) -> tuple[Learner, object]:
     """A fresh learner set up as `variant` says, and the context its updates run in."""
     if variant == "fused":
         algorithm = algorithm.model_copy(update={"adamw": "fused"})
@@ -58,7 +60,7 @@ def learner_for(variant: str, model_dir: str, algorithm, dtype: str) -> tuple[Le
     elif variant not in VARIANTS:
         raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)} or mbN")
     torch.manual_seed(0)
-    learner = Learner(model_dir, algorithm, dtype=dtype)
+    learner = Learner(model_dir, algorithm, dtype=dtype, threads=threads)
     context = contextlib.nullcontext
     if variant == "math":
         context = lambda: sdpa_kernel(SDPBackend.MATH)  # noqa: E731
@@ -78,14 +80,15 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rounds", type=int, default=3, help="timed updates per variant, interleaved")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as a run sets them)")
     args = parser.parse_args()
 
     task = load_task(args.task)
     role = task.roles[0]
     pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, eval_size=1)
     model_dir = resolve(task.policies[role.policy].model)
-    set_threads(0)
-    engine = HFEngine(model_dir, dtype=args.dtype)
+    set_threads(args.threads)
+    engine = HFEngine(model_dir, dtype=args.dtype, threads=args.threads)
     messages = [
         with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(args.problems)
     ]
@@ -99,40 +102,49 @@ def main() -> None:
     algorithm = task.algorithm.model_copy(update={"micro_batch": 8, "kl_probe": 0, "role_grad_norms": False})
     batch = {role.policy: samples}
 
-    learners, results = {}, {}
-    for variant in args.variants:  # build and warm up every variant first (compile time lands here)
-        learner, context = learner_for(variant, model_dir, algorithm, args.dtype)
-        started = time.perf_counter()
-        with context():
-            first = learner.update(batch)[role.policy]
-        learners[variant] = (learner, context)
-        results[variant] = {
-            "first_s": round(time.perf_counter() - started, 2),
-            "loss": first["loss"],
-            "grad_norm": round(first["grad_norm"], 6),
-            "times": [],
-        }
-    for _ in range(args.rounds):
-        for variant, (learner, context) in learners.items():
+    def measure(variants: list[str]) -> dict[str, dict]:
+        """Build and warm up each variant (compile time lands in the first update), then time them
+        in interleaved rounds."""
+        learners, results = {}, {}
+        for variant in variants:
+            learner, context = learner_for(variant, model_dir, algorithm, args.dtype, args.threads)
             started = time.perf_counter()
             with context():
-                out = learner.update(batch)[role.policy]
-            results[variant]["times"].append(time.perf_counter() - started)
-            results[variant]["gflop"] = round(out["learner_gflop"], 1)
-            if "learner_util" in out:
-                results[variant].setdefault("utils", []).append(out["learner_util"])
-    base = statistics.fmean(results[args.variants[0]]["times"])
-    for r in results.values():
-        times = r.pop("times")
-        utils = r.pop("utils", None)
-        r.update(
-            {
-                "s": round(statistics.fmean(times), 3),
-                "min_s": round(min(times), 3),
-                **({"util": round(statistics.fmean(utils), 3)} if utils else {}),
-                f"speedup_vs_{args.variants[0]}": round(base / statistics.fmean(times), 3),
+                first = learner.update(batch)[role.policy]
+            learners[variant] = (learner, context)
+            results[variant] = {
+                "first_s": round(time.perf_counter() - started, 2),
+                "loss": first["loss"],
+                "grad_norm": round(first["grad_norm"], 6),
+                "times": [],
             }
-        )
+        for _ in range(args.rounds):
+            for variant, (learner, context) in learners.items():
+                started = time.perf_counter()
+                with context():
+                    out = learner.update(batch)[role.policy]
+                results[variant]["times"].append(time.perf_counter() - started)
+                results[variant]["gflop"] = round(out["learner_gflop"], 1)
+                if "learner_util" in out:
+                    results[variant].setdefault("utils", []).append(out["learner_util"])
+        base = statistics.fmean(results[variants[0]]["times"])
+        for r in results.values():
+            times = r.pop("times")
+            utils = r.pop("utils", None)
+            r.update(
+                {
+                    "s": round(statistics.fmean(times), 3),
+                    "min_s": round(min(times), 3),
+                    **({"util": round(statistics.fmean(utils), 3)} if utils else {}),
+                    "speedup": round(base / statistics.fmean(times), 3),
+                }
+            )
+        return results
+
+    # each variant beside its own base, two learners in memory at a time (a learner with its AdamW
+    # state holds about 2.2 GB of SmolLM2-135M in float32: seven at once do not fit in 24 GiB)
+    first, others = args.variants[0], args.variants[1:]
+    results = {v: measure([first, v]) for v in others} if others else {first: measure([first])}
     print(
         json.dumps(
             {
@@ -143,7 +155,7 @@ def main() -> None:
                 "completion_tokens": sum(len(s.response_ids) for s in samples),
                 "prompt_tokens_mean": round(statistics.fmean(len(s.prompt_ids) for s in samples), 1),
                 "rounds": args.rounds,
-                **results,
+                "pairs": results,
             }
         )
     )
