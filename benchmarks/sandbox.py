@@ -1,12 +1,16 @@
 """Sandbox throughput and per-run overhead, printed as JSON.
 
-    .venv/bin/python benchmarks/sandbox.py [--runs 200]
+    .venv/bin/python benchmarks/sandbox.py [--runs 200] [--resident-gb 0]
 
 Overhead: mean wall time of one run of an empty program, sequentially (process start, limits,
 namespaces, user switch, temp folder), for the isolation in use (bubblewrap where it works) and,
 side by side in the same run, for the weaker fallback (process group, rlimits, network namespace,
 user nobody: the sandbox before bubblewrap). Throughput: runs per second of the empty program and
 of a small BFS program through the shared pool (as many workers as cores).
+
+--resident-gb G: first make this process hold G GB of touched memory, as a `mas-lab run --no-ray`
+process holds its model, optimizer and caches (4-6 GB for SmolLM2-135M): what a sandbox start costs
+in a large process (a start that forks our process copies its page tables; one that vforks does not).
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ print(path[::-1])
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--resident-gb", type=float, default=0.0)
     args = parser.parse_args()
+    ballast = b"\x01" * int(args.resident_gb * 2**30)  # written, so resident  # noqa: F841
     isolation = capabilities()
-    out = {"isolation": isolation.describe(), "cores": os.cpu_count()}
+    rss_mb = int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
+    out = {"isolation": isolation.describe(), "cores": os.cpu_count(), "resident_mb": rss_mb}
     fallback = Isolation(
         "fallback",
         True,

@@ -178,3 +178,49 @@ def test_orphaned_namespace_inits_are_reaped_where_we_are_their_parent(tmp_path)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert int(result.stdout.split()[-1]) == 0, result.stdout  # the zombies' names, if any
+
+
+@needs_bwrap
+def test_the_limits_are_in_force_inside_the_program():
+    """The stage (sandbox/stage.py) sets them before bwrap runs: the program's own limits say so."""
+    limits = Limits(cpu_s=3, memory_mb=400, file_mb=5, open_files=50)
+    result = run_python("print(open('/proc/self/limits').read())", limits)
+    assert result.ok, result.stderr
+    rows = {line[:26].strip(): line[26:].split()[:2] for line in result.stdout.splitlines()[1:] if line.strip()}
+    assert rows["Max cpu time"] == ["3", "4"]
+    assert rows["Max address space"] == [str(400 * 2**20)] * 2
+    assert rows["Max file size"] == [str(5 * 2**20)] * 2
+    assert rows["Max open files"] == ["50", "50"]
+    assert rows["Max core file size"] == ["0", "0"]
+    assert rows["Max processes"][0] == rows["Max processes"][1] != "unlimited"
+
+
+@needs_bwrap
+def test_the_sandbox_starts_without_a_preexec_fn(fresh):
+    """A preexec_fn makes CPython fork our whole process (gigabytes in a `--no-ray` run); without
+    one it uses vfork. Every argument of the bwrap path's Popen is checked."""
+    sandbox.capabilities()
+    seen = []
+    real = subprocess.Popen
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    fresh.setattr(sandbox.subprocess, "Popen", recording)
+    assert run_python("print('hi')").stdout == "hi\n"
+    assert seen and all(kwargs.get("preexec_fn") is None for kwargs in seen)
+
+
+@needs_bwrap
+def test_the_stages_failure_is_a_sandbox_error_and_a_program_cannot_fake_one(fresh):
+    """The stage reports through a pipe closed before bwrap starts, so a program that exits as the
+    stage does is still the program's error."""
+    from mas_lab.sandbox import stage
+
+    isolation = sandbox.capabilities()
+    faked = run_python(f"import os, sys\nsys.stderr.write({stage.FAILED!r} + 'OSError: x')\nos._exit(125)")
+    assert faked.status == "error" and faked.returncode == 125
+    fresh.setattr(sandbox, "_bwrap_command", lambda *a: ["/nonexistent/bwrap"])
+    failed = sandbox._run("print('hi')", Limits(), isolation)
+    assert failed.status == "sandbox_error" and stage.FAILED + "FileNotFoundError" in failed.stderr

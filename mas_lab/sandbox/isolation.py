@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from mas_lab.sandbox import memcap
+from mas_lab.sandbox import memcap, stage
 
 log = logging.getLogger(__name__)
 
@@ -301,22 +301,6 @@ def _memory_cap(limits: Limits):
         return None
 
 
-def _bwrap_preexec(limits: Limits, slot: int | None, cap=None):
-    processes = limits.processes + (0 if slot is not None else _own_processes())
-
-    def apply() -> None:
-        if cap is not None:
-            cap.join()  # first: joining needs root's rights, dropped below
-        _limit(limits, processes + 4)  # + bwrap's own processes
-        if slot is not None:
-            uid = SLOT_UID_BASE + slot
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-
-    return apply
-
-
 def _fallback_preexec(limits: Limits, isolation: Isolation, cap=None):
     target = pwd.getpwnam(isolation.user) if isolation.user else None
     processes = limits.processes + (0 if target is not None else _own_processes())
@@ -414,18 +398,32 @@ def _spawn_bwrap(source, limits, isolation, env, pipes, cap) -> Iterator[subproc
         with tempfile.TemporaryFile() as handle:
             handle.write(source)
             handle.seek(0)
-            with _children_lock:  # registered before any reaper can see it exit
-                proc = subprocess.Popen(
-                    _bwrap_command(isolation, limits, handle.fileno()),
-                    cwd="/",
-                    env=env,
-                    preexec_fn=_bwrap_preexec(limits, slot, cap),
-                    pass_fds=(handle.fileno(),),
-                    **pipes,
-                )
-                _our_bwraps.add(proc.pid)
+            status_read, status_write = os.pipe()
+            try:
+                with _children_lock:  # registered before any reaper can see it exit
+                    proc = subprocess.Popen(  # no preexec_fn: vfork, whatever our size (sandbox/stage.py)
+                        _staged(
+                            _bwrap_command(isolation, limits, handle.fileno()),
+                            isolation,
+                            limits,
+                            slot,
+                            cap,
+                            status_write,
+                        ),
+                        cwd="/",
+                        env=env,
+                        pass_fds=(handle.fileno(), status_write),
+                        **pipes,
+                    )
+                    _our_bwraps.add(proc.pid)
+            except BaseException:
+                os.close(status_read)
+                raise
+            finally:
+                os.close(status_write)
         try:
             with _killed_on_exit(proc, cap):
+                stage.wait_exec(status_read)  # the limits are in force (or OSError: a sandbox_error)
                 yield proc
         finally:
             with _children_lock:
@@ -437,6 +435,26 @@ def _spawn_bwrap(source, limits, isolation, env, pipes, cap) -> Iterator[subproc
                 _clear_slot(slot)
             finally:
                 _release_slot(slot_fd)
+
+
+def _staged(
+    target: list[str], isolation: Isolation, limits: Limits, slot: int | None, cap, status_fd: int
+) -> list[str]:
+    """`target` (bwrap's argv) behind the stage that applies the limits first: the program's
+    cgroup, the rlimits (processes + 4: bwrap's own), then the slot's uid when root."""
+    mb = 1024 * 1024
+    return stage.command(
+        isolation.interpreter,
+        target,
+        status_fd=status_fd,
+        cgroup_procs=cap.procs_file if cap is not None else None,
+        cpu_s=limits.cpu_s,
+        memory_bytes=limits.memory_mb * mb,
+        file_bytes=limits.file_mb * mb,
+        open_files=limits.open_files,
+        processes=limits.processes + (0 if slot is not None else _own_processes()) + 4,
+        uid=SLOT_UID_BASE + slot if slot is not None else None,
+    )
 
 
 def _spawn_fallback(source, limits, isolation, env, pipes, cap) -> Iterator[subprocess.Popen]:

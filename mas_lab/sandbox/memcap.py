@@ -95,6 +95,11 @@ class MemoryCap:
             raise
         self._procs = str(self.path / "cgroup.procs").encode()
 
+    @property
+    def procs_file(self) -> str:
+        """The file a process writes its pid to to join (the bwrap path's stage does: sandbox/stage.py)."""
+        return self._procs.decode()
+
     def join(self) -> None:
         """In the child before exec: move this process into the cgroup. A refusal leaves the
         program under its rlimits (raising here would fail every program as a sandbox error)."""
