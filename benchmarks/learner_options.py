@@ -36,16 +36,12 @@ import time
 from pathlib import Path
 
 import torch
+from learner_speed import first_turn_samples
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mas_lab.actors.placement import set_threads
 from mas_lab.config import load_task
-from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.learner.learner import Learner
-from mas_lab.learner.samples import Sample
 from mas_lab.modeling.models import resolve
-from mas_lab.rollout.engine import HFEngine
-from mas_lab.training.episodes import with_system
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("base", "fused", "mb16", "mb32", "math", "eager", "compile_mlp")
@@ -85,20 +81,8 @@ def main() -> None:
 
     task = load_task(args.task)
     role = task.roles[0]
-    pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, eval_size=1)
     model_dir = resolve(task.policies[role.policy].model)
-    set_threads(args.threads)
-    engine = HFEngine(model_dir, dtype=args.dtype, threads=args.threads)
-    messages = [
-        with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(args.problems)
-    ]
-    rows = engine.generate(role.policy, messages, args.k, role.sampling, seed=0)
-    samples = [
-        Sample(g.prompt_ids, g.response_ids, 1.0 if c % 2 else -1.0, role.sampling.temperature or 1.0)
-        for row in rows
-        for c, g in enumerate(row)
-    ]
-    del engine
+    samples = first_turn_samples(task, role, args.problems, args.k, args.dtype, args.threads)
     algorithm = task.algorithm.model_copy(update={"micro_batch": 8, "kl_probe": 0, "role_grad_norms": False})
     batch = {role.policy: samples}
 

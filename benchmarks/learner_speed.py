@@ -59,6 +59,24 @@ def plain_update(model, optimizer, samples: list[Sample], micro_batch: int, auto
     optimizer.step()
 
 
+def first_turn_samples(task, role, problems: int, k: int, dtype: str, threads: int) -> list[Sample]:
+    """The role's first observations of `problems` training problems, K candidates each sampled
+    once by our engine (seed 0), as learner samples with advantages +1/-1 alternating. Sets the
+    torch threads (`threads`, 0: as a run sets them) for what follows."""
+    pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, eval_size=1)
+    set_threads(threads)
+    engine = HFEngine(resolve(task.policies[role.policy].model), dtype=dtype, threads=threads)
+    messages = [
+        with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(problems)
+    ]
+    rows = engine.generate(role.policy, messages, k, role.sampling, seed=0)
+    return [
+        Sample(g.prompt_ids, g.response_ids, 1.0 if c % 2 else -1.0, role.sampling.temperature or 1.0)
+        for row in rows
+        for c, g in enumerate(row)
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("task")
@@ -78,20 +96,8 @@ def main() -> None:
     algorithm = task.algorithm.model_copy(
         update={"micro_batch": args.micro_batch or task.algorithm.micro_batch, "kl_probe": 0}
     )
-    pool = ProblemPool(ENVS[task.env.name], task.env.params, task.train.seed, eval_size=1)
     model_dir = resolve(task.policies[role.policy].model)
-    set_threads(args.threads)
-    engine = HFEngine(model_dir, dtype=args.dtype, threads=args.threads)
-    messages = [
-        with_system(pool.make(pool.train(i)).messages(role.name, 0), role.system_prompt) for i in range(args.problems)
-    ]
-    rows = engine.generate(role.policy, messages, k, role.sampling, seed=0)
-    samples = [
-        Sample(g.prompt_ids, g.response_ids, 1.0 if c % 2 else -1.0, role.sampling.temperature or 1.0)
-        for row in rows
-        for c, g in enumerate(row)
-    ]
-    del engine
+    samples = first_turn_samples(task, role, args.problems, k, args.dtype, args.threads)
     tokens = sum(len(s.response_ids) for s in samples)
 
     def timed_updates(algo) -> tuple[list[float], Learner]:
