@@ -9,7 +9,7 @@ store's trained samples (the candidates of kept groups in training steps): per s
 the samples grouped by prompt (the K candidates of one observation together), prompts in role
 order (the learner sorts prompts by their tokens, so one role's prompts, which share a system
 prompt, sit together; within a role the order here is the prompt hash's, an approximation),
-micro-batches filled as the learner fills them. Prompt lengths are whole prompts: the common prefix
+micro-batches filled by the learner's own `pack_groups`. Prompt lengths are whole prompts: the common prefix
 the learner runs once per micro-batch is not subtracted, so the prompt share is an upper bound of
 the real prompt positions and the padding share a lower bound of its real share (by at most that
 prefix). Counts positions, not FLOPs: a prompt position costs a forward and a backward through the
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 from collections import defaultdict
+
+from mas_lab.learner.learner import pack_groups
+from mas_lab.records.store import RunStore
 
 
 def replay(rows: list[tuple], micro_batch: int) -> dict[str, int]:
@@ -31,18 +33,7 @@ def replay(rows: list[tuple], micro_batch: int) -> dict[str, int]:
         by_update[(step, policy)][(role, prompt)].append((p_len, r_len))
     out = {"prompt_real": 0, "prompt_slots": 0, "response_real": 0, "response_slots": 0, "updates": len(by_update)}
     for prompts in by_update.values():
-        chunks: list[list[tuple[tuple, tuple[int, int]]]] = []
-        current: list[tuple[tuple, tuple[int, int]]] = []
-        for key in sorted(prompts):
-            group = prompts[key]
-            for i in range(0, len(group), micro_batch):
-                part = [(key, s) for s in group[i : i + micro_batch]]
-                if current and len(current) + len(part) > micro_batch:
-                    chunks.append(current)
-                    current = []
-                current = current + part
-        if current:
-            chunks.append(current)
+        chunks = pack_groups([[(key, s) for s in prompts[key]] for key in sorted(prompts)], micro_batch)
         for chunk in chunks:
             distinct = {key: p_len for key, (p_len, _) in chunk}
             out["prompt_real"] += sum(distinct.values())
@@ -57,13 +48,7 @@ def main() -> None:
     parser.add_argument("store")
     parser.add_argument("--micro-batch", type=int, default=8)
     args = parser.parse_args()
-    db = sqlite3.connect(f"file:{args.store}?mode=ro", uri=True)
-    rows = db.execute(
-        "SELECT e.step, t.policy, t.role, c.prompt_hash, c.prompt_tokens, c.response_tokens FROM candidates c "
-        "JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id "
-        "JOIN groups g ON g.step = e.step AND g.problem_id = e.problem_id AND g.role = t.role AND g.turn = t.turn "
-        "WHERE e.kind = 'train' AND g.kept = 1"
-    ).fetchall()
+    rows = RunStore(args.store, create=False).trained_lengths()
     counts = replay(rows, args.micro_batch)
     real = counts["prompt_real"] + counts["response_real"]
     slots = counts["prompt_slots"] + counts["response_slots"]

@@ -14,7 +14,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,6 +28,8 @@ from mas_lab.modeling.flops import FlopMeter, peak_for
 from mas_lab.modeling.prefill import after_prefix, cache_keyword, prefill_prefix, shared_prefix
 from mas_lab.records.background import Background
 from mas_lab.training.metric_names import LEARNER_FLOPS
+
+T = TypeVar("T")
 
 
 class Learner:
@@ -136,26 +138,14 @@ class Learner:
         ).to(self.device)
 
     def _micro_batches(self, samples: list[Sample]) -> list["Batch"]:
-        """Samples in micro-batches of at most `micro_batch`, the K candidates of one prompt kept
-        together where they fit, so each prompt is computed once per micro-batch; prompts in token
-        order, so a micro-batch holds prompts of one role (one system prompt), whose common
-        prefix is computed once."""
+        """Samples in micro-batches of at most `micro_batch` (`pack_groups`), grouped by prompt;
+        prompts in token order, so a micro-batch holds prompts of one role (one system prompt),
+        whose common prefix is computed once."""
         by_prompt: dict[tuple[int, ...], list[Sample]] = {}
         for s in samples:
             by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
-        size = self.algo.micro_batch
-        chunks: list[list[Sample]] = []
-        current: list[Sample] = []
-        for _, group in sorted(by_prompt.items(), key=lambda item: item[0]):
-            for i in range(0, len(group), size):
-                part = group[i : i + size]
-                if current and len(current) + len(part) > size:
-                    chunks.append(current)
-                    current = []
-                current = current + part
-        if current:
-            chunks.append(current)
-        return [self._batch(chunk) for chunk in chunks]
+        groups = [group for _, group in sorted(by_prompt.items(), key=lambda item: item[0])]
+        return [self._batch(chunk) for chunk in pack_groups(groups, self.algo.micro_batch)]
 
     def _logp(self, batch: "Batch", model: "torch.nn.Module | None" = None) -> torch.Tensor:
         """Log-probabilities of the response tokens ([samples, response width], zero at padding)
@@ -521,6 +511,24 @@ class Learner:
 
     def node(self) -> str:
         return node_id()
+
+
+def pack_groups(groups: list[list[T]], size: int) -> list[list[T]]:
+    """Groups (the K candidates of one prompt) in order into chunks of at most `size`, a group kept
+    in one chunk where it fits (so its prompt is computed once per chunk), split in pieces of `size`
+    where it does not. benchmarks/padding_share.py replays the learner's layout with it."""
+    chunks: list[list[T]] = []
+    current: list[T] = []
+    for group in groups:
+        for i in range(0, len(group), size):
+            part = group[i : i + size]
+            if current and len(current) + len(part) > size:
+                chunks.append(current)
+                current = []
+            current = current + part
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 class _Mismatch:

@@ -416,6 +416,18 @@ class RunStore:
             )
         )
 
+    def trained_lengths(self) -> list[tuple[int, str, str, str, int, int]]:
+        """Every candidate of a kept group of a training step (the samples the learner trained), as
+        (step, policy, role, prompt hash, prompt tokens, response tokens)."""
+        return list(
+            self.db.execute(
+                "SELECT e.step, t.policy, t.role, c.prompt_hash, c.prompt_tokens, c.response_tokens FROM candidates c"
+                " JOIN turns t ON c.turn_id = t.id JOIN episodes e ON t.episode_id = e.id"
+                " JOIN groups g ON g.step = e.step AND g.problem_id = e.problem_id AND g.role = t.role"
+                " AND g.turn = t.turn WHERE e.kind = 'train' AND g.kept = 1"
+            )
+        )
+
     def series(self, key: str) -> list[tuple[int, float]]:
         return list(self.db.execute("SELECT step, value FROM metrics WHERE key = ? ORDER BY step", (key,)))
 
