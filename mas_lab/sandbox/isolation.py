@@ -189,14 +189,23 @@ def _processes_of(uid: int) -> list[tuple[int, str]]:
     return found
 
 
-def _limit(limits: Limits, processes: int):
+def _rlimits(limits: Limits, processes: int) -> list[tuple[int, int, int]]:
+    """A program's rlimits as (resource, soft, hard): set by the fallback's preexec_fn (`_limit`)
+    and by bubblewrap's stage (sandbox/stage.py)."""
     mb = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb * mb, limits.file_mb * mb))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return [
+        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
+        (resource.RLIMIT_AS, limits.memory_mb * mb, limits.memory_mb * mb),
+        (resource.RLIMIT_FSIZE, limits.file_mb * mb, limits.file_mb * mb),
+        (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
+        (resource.RLIMIT_NPROC, processes, processes),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
+
+
+def _limit(limits: Limits, processes: int):
+    for which, soft, hard in _rlimits(limits, processes):
+        resource.setrlimit(which, (soft, hard))
 
 
 def _own_processes() -> int:
@@ -442,17 +451,13 @@ def _staged(
 ) -> list[str]:
     """`target` (bwrap's argv) behind the stage that applies the limits first: the program's
     cgroup, the rlimits (processes + 4: bwrap's own), then the slot's uid when root."""
-    mb = 1024 * 1024
+    processes = limits.processes + (0 if slot is not None else _own_processes()) + 4
     return stage.command(
         isolation.interpreter,
         target,
         status_fd=status_fd,
         cgroup_procs=cap.procs_file if cap is not None else None,
-        cpu_s=limits.cpu_s,
-        memory_bytes=limits.memory_mb * mb,
-        file_bytes=limits.file_mb * mb,
-        open_files=limits.open_files,
-        processes=limits.processes + (0 if slot is not None else _own_processes()) + 4,
+        rlimits=_rlimits(limits, processes),
         uid=SLOT_UID_BASE + slot if slot is not None else None,
     )
 

@@ -31,7 +31,7 @@ import os, resource, sys
 status = int(sys.argv[1])
 try:
     os.set_inheritable(status, False)  # closed when bwrap starts: the parent reads EOF, no error
-    procs, cpu, memory, fsize, nofile, nproc, uid = sys.argv[2:9]
+    procs, uid, rlimits = sys.argv[2:5]
     if procs:
         try:
             fd = os.open(procs, os.O_WRONLY)
@@ -41,18 +41,14 @@ try:
                 os.close(fd)
         except OSError:
             pass
-    for which, value in ((resource.RLIMIT_CPU, (int(cpu), int(cpu) + 1)),
-                         (resource.RLIMIT_AS, (int(memory), int(memory))),
-                         (resource.RLIMIT_FSIZE, (int(fsize), int(fsize))),
-                         (resource.RLIMIT_NOFILE, (int(nofile), int(nofile))),
-                         (resource.RLIMIT_NPROC, (int(nproc), int(nproc))),
-                         (resource.RLIMIT_CORE, (0, 0))):
-        resource.setrlimit(which, value)
+    for triple in rlimits.split(";"):
+        which, soft, hard = map(int, triple.split(","))
+        resource.setrlimit(which, (soft, hard))
     if int(uid) >= 0:
         os.setgroups([])
         os.setgid(int(uid))
         os.setuid(int(uid))
-    os.execv(sys.argv[9], sys.argv[9:])
+    os.execv(sys.argv[5], sys.argv[5:])
 except BaseException as exc:
     os.write(status, (type(exc).__name__ + ": " + str(exc)).encode())
     os._exit(125)
@@ -65,17 +61,12 @@ def command(
     *,
     status_fd: int,
     cgroup_procs: str | None,
-    cpu_s: int,
-    memory_bytes: int,
-    file_bytes: int,
-    open_files: int,
-    processes: int,
+    rlimits: list[tuple[int, int, int]],
     uid: int | None,
 ) -> list[str]:
-    """The argv that applies the limits and then execs `target` (bwrap and its arguments)."""
-    limits = (cpu_s, memory_bytes, file_bytes, open_files, processes)
-    assert all(isinstance(v, int) and v >= 0 for v in limits), limits
-    assert resource.RLIM_INFINITY not in limits
+    """The argv that joins the cgroup, sets `rlimits` ((resource, soft, hard), in order), drops to
+    `uid` and then execs `target` (bwrap and its arguments)."""
+    assert rlimits and all(isinstance(v, int) and 0 <= v != resource.RLIM_INFINITY for r in rlimits for v in r), rlimits
     return [
         interpreter,
         "-I",
@@ -85,8 +76,8 @@ def command(
         SOURCE,
         str(status_fd),
         cgroup_procs or "",
-        *(str(v) for v in limits),
         str(-1 if uid is None else uid),
+        ";".join(",".join(map(str, r)) for r in rlimits),
         *target,
     ]
 
