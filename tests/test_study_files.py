@@ -70,12 +70,33 @@ def test_a_regime_runs_only_on_the_tasks_it_names(tmp_path):
         == "tasks/plan_path_tool_single_tool.yaml"
     )
     assert "single agent + GRPO with the tool" not in families["sokoban"].names
-    text = GOOD.replace("tasks: [plan_path_tool]", "tasks: [plan_path_tools]")
+    text = GOOD.replace("tasks: [plan_path_tool, plan_path_paper]", "tasks: [plan_path_tools]")
     assert text != GOOD
     with pytest.raises(
         StudyFileError, match=r"\(single agent \+ GRPO with the tool\).tasks: \['plan_path_tools'\] are not tasks"
     ):
         load_study(_study(tmp_path, text), ROOT)
+
+
+def test_a_task_can_add_overrides_to_one_regime_and_a_wrong_one_is_refused(tmp_path):
+    """plan_path_paper's planner has its own K 8, which trajectories cannot take: the task's `set`
+    gives that regime K 8 whole episodes there, and leaves the regime on other tasks as it was."""
+    families = {f.key: f for f in load_study(ROOT / "studies" / "paper.yaml", ROOT)}
+    assert families["plan_path_paper"].regimes["MAS + trajectory GRPO"] == (
+        "tasks/plan_path_paper.yaml",
+        ["algorithm.mode=trajectories", "roles.1.k=null", "algorithm.k=8"],
+    )
+    assert families["plan_path_tool"].regimes["MAS + trajectory GRPO"][1] == ["algorithm.mode=trajectories"]
+    without = GOOD.replace("      MAS + trajectory GRPO: [roles.1.k=null, algorithm.k=8]\n", "      {}\n")
+    assert without != GOOD
+    with pytest.raises(StudyFileError, match=r"x regimes\[2\] \(MAS \+ trajectory GRPO\).*roles.1.k"):
+        load_study(_study(tmp_path, without), ROOT)
+    unknown = GOOD.replace("      MAS + trajectory GRPO: [roles", "      MAS + trajectory GRPOs: [roles")
+    with pytest.raises(StudyFileError, match=r"set: 'MAS \+ trajectory GRPOs' is not a regime"):
+        load_study(_study(tmp_path, unknown), ROOT)
+    bad = GOOD.replace("[roles.1.k=null, algorithm.k=8]", "[k8]")
+    with pytest.raises(StudyFileError, match="'k8': expected key.path=value"):
+        load_study(_study(tmp_path, bad), ROOT)
 
 
 @pytest.mark.parametrize("study", sorted(p.name for p in (ROOT / "studies").glob("*.yaml")))

@@ -11,7 +11,8 @@
     untrained: {single agent (before RL): single agent + GRPO}
     tasks:
       - {key: plan_path, stem: plan_path_learns, title: ..., setting: ..., out: ..., archive: ...,
-         reuse: {MAS + AT-GRPO shared: results/other/plan_path/mas--at-grpo-shared}}  # mas_lab/study/reuse.py
+         reuse: {MAS + AT-GRPO shared: results/other/plan_path/mas--at-grpo-shared},  # mas_lab/study/reuse.py
+         set: {MAS + trajectory GRPO: [algorithm.k=8]}}  # a regime's overrides on this task only
     report: {results_md: docs/results/paper.md, images: docs/images}
 
 Paths are relative to the folder `mas-lab study` runs in. A wrong file raises StudyFileError naming
@@ -79,6 +80,11 @@ class TaskSpec(_Strict):
     setting: str = Field("", max_length=2000, description="the settings in words, for the report")
     out: str = Field("", description="the work folder of its runs (default: <study out>/<key>)")
     archive: str = Field("", description="where finished runs are kept (default: <work folder>/archive)")
+    set: dict[str, list[str]] = Field(
+        {},
+        description="regime name -> overrides of that regime on this task only, after the regime's own (e.g. a "
+        "trajectory regime's K where the task's team gives one role its own K)",
+    )
     reuse: dict[str, str] = Field(
         {},
         description="regime name -> another study's kept folder of the same run (its seed-<n> folders): a seed kept "
@@ -132,6 +138,10 @@ class StudySpec(_Strict):
             for name in task.reuse:
                 if name not in names:
                     raise ValueError(f"tasks.{i}.reuse: '{name}' is not a regime; allowed: {names}")
+            for name, items in task.set.items():
+                if name not in names:
+                    raise ValueError(f"tasks.{i}.set: '{name}' is not a regime; allowed: {names}")
+                _check_overrides(items)
         return self
 
 
@@ -177,11 +187,12 @@ def load_study(path: str | Path, root: Path | None = None) -> list[Family]:
                 continue
             task_file = regime.task.replace("{stem}", task.stem)
             where = f"tasks[{t_index}] ({task.key}) x regimes[{r_index}] ({regime.name})"
+            overrides = (*regime.set, *task.set.get(regime.name, []))
             try:
-                load_task(root / task_file, [*spec.set, *regime.set])
+                load_task(root / task_file, [*spec.set, *overrides])
             except TaskFileError as exc:
                 raise StudyFileError(f"{path}: {where}: {exc}") from None
-            regimes.append(Regime(regime.name, _relative(root, regime.task), tuple(regime.set), regime.swap))
+            regimes.append(Regime(regime.name, _relative(root, regime.task), overrides, regime.swap))
         work = _path(root, task.out) if task.out else out / task.key
         for name, folder in task.reuse.items():
             if not _path(root, folder).is_dir():
