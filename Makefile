@@ -42,8 +42,8 @@ check: lint
 
 # the paper's comparison at CPU scale, the study studies/paper.yaml (many hours; resumable: finished
 # runs are kept in results/reproduce/ and skipped, an interrupted one continues from its checkpoint in
-# sweeps/ on the same machine); TASKS=plan_path, sokoban or plan_path_tool for one family
-TASKS ?= plan_path sokoban plan_path_tool
+# sweeps/ on the same machine); TASKS=plan_path, sokoban, plan_path_tool or plan_path_paper for one family
+TASKS ?= plan_path sokoban plan_path_tool plan_path_paper
 reproduce: venv
 	$(BIN)/mas-lab study studies/paper.yaml $(foreach t,$(TASKS),--task $(t)) --jobs 1
 
