@@ -113,7 +113,9 @@ def test_orderings_follow_the_paired_test_and_a_seed_going_the_other_way_withhol
 
 def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     """The regimes of a family differ only in the team and the update: same env, problems, steps,
-    K, warm-up and evaluation (the paper's comparison at one budget)."""
+    K, warm-up and evaluation (the paper's comparison at one budget). K is the largest group a turn
+    samples (plan_path_paper's planner has its own K 8: the single agents and trajectory GRPO there
+    group 8 trajectories), read with each regime's overrides."""
     from conftest import ROOT
 
     from mas_lab.config import load_task
@@ -122,7 +124,7 @@ def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     reproduce = _reproduce_module()
     assert set(reproduce.FAMILIES) >= {"plan_path", "sokoban"}
     for family in reproduce.FAMILIES.values():
-        tasks = [load_task(ROOT / task) for task, _ in family.regimes.values()]
+        tasks = [load_task(ROOT / task, overrides) for task, overrides in family.regimes.values()]
         budgets = {
             (
                 # the environment but its workflow (the single agent with the tool has one of its own,
@@ -131,7 +133,7 @@ def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
                 answer_turns(t),
                 t.train.steps,
                 t.train.problems_per_step,
-                t.algorithm.k,
+                max(role.k or t.algorithm.k for role in t.roles),
                 t.train.warmup_steps,
                 t.train.eval_problems,
             )

@@ -46,9 +46,9 @@ def _toy_study(folder: Path, **changes) -> Path:
 
 
 def test_the_paper_study_holds_every_task_and_regime_of_the_comparison():
-    assert list(FAMILIES) == ["plan_path_tool", "plan_path", "sokoban"]
+    assert list(FAMILIES) == ["plan_path_tool", "plan_path_paper", "plan_path", "sokoban"]
     for key, family in FAMILIES.items():
-        tool = ("single agent + GRPO with the tool",) if key == "plan_path_tool" else ()
+        tool = ("single agent + GRPO with the tool",) if key in ("plan_path_tool", "plan_path_paper") else ()
         assert family.names == (
             "single agent + GRPO",
             *tool,
@@ -57,7 +57,11 @@ def test_the_paper_study_holds_every_task_and_regime_of_the_comparison():
             "MAS + AT-GRPO per-role LoRA",
             "MAS + AT-GRPO per-role full",
         )
-        assert family.regimes["MAS + trajectory GRPO"] == (f"tasks/{family.stem}.yaml", ["algorithm.mode=trajectories"])
+        own_k = ["roles.1.k=null", "algorithm.k=8"] if key == "plan_path_paper" else []  # the planner's K 8
+        assert family.regimes["MAS + trajectory GRPO"] == (
+            f"tasks/{family.stem}.yaml",
+            ["algorithm.mode=trajectories", *own_k],
+        )
         assert family.results_md.endswith("docs/results/paper.md") and family.seeds == (0, 1, 2)
     assert FAMILIES["plan_path"].archive.endswith("results/reproduce/plan_path")
 
