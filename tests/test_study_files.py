@@ -105,3 +105,13 @@ def test_every_shipped_study_file_loads_with_every_task_resolved(study):
     task x regime): a prepared study that was never run still has to be runnable."""
     families = load_study(ROOT / "studies" / study, ROOT)
     assert families and all(f.regime_list for f in families)
+
+
+def test_the_report_names_each_roles_own_k_where_the_team_has_one():
+    """plan_path_paper's tool samples 4 and its planner 8: the budget line names both (and K 8, the
+    largest group), not the algorithm's default 4; a task without a role's own K reads as before."""
+    from mas_lab.study.report import budget
+
+    families = {f.key: f for f in load_study(ROOT / "studies" / "paper.yaml", ROOT)}
+    assert "x K = 8 (tool 4, planner 8 in the team's tree) after" in budget(families["plan_path_paper"])
+    assert "40 steps x 8 problems x K = 4 after 20 warm-up steps" in budget(families["plan_path_tool"])

@@ -210,11 +210,20 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
 
 def budget(family: Family) -> str:
     """The family's training budget in words, from its first regime's task file (a study's regimes
-    share one budget)."""
-    task = load_task(Path(family.root) / next(iter(family.regimes.values()))[0])
+    share one budget): K is the largest group a turn samples, and where a regime's roles sample
+    their own K (AT-GRPO's tree, Sec. 4.1) each role's K is named."""
+    tasks = [load_task(Path(family.root) / file, overrides) for file, overrides in family.regimes.values()]
+    task = tasks[0]
+    k = max(role.k or task.algorithm.k for role in task.roles)
+    own = next((t for t in tasks if any(role.k for role in t.roles)), None)
+    per_role = (
+        " (" + ", ".join(f"{role.name} {role.k or own.algorithm.k}" for role in own.roles) + " in the team's tree)"
+        if own
+        else ""
+    )
     hard = f" + {task.train.hard_eval_problems} hard" if task.train.hard_eval_problems else ""
     return (
-        f"{task.train.steps} steps x {task.train.problems_per_step} problems x K = {task.algorithm.k} after "
+        f"{task.train.steps} steps x {task.train.problems_per_step} problems x K = {k}{per_role} after "
         f"{task.train.warmup_steps} warm-up steps, {task.train.eval_problems}{hard} held-out problems"
     )
 
