@@ -643,6 +643,10 @@ class TaskConfig(_Strict):
     def role(self, name: str) -> Role:
         return next(r for r in self.roles if r.name == name)
 
+    def k_of(self, role: Role) -> int:
+        """A role's group size K: its own (roles[].k, tree sampling only) or algorithm.k."""
+        return role.k or self.algorithm.k
+
 
 def as_mode(task: TaskConfig, mode: str) -> TaskConfig:
     """The same task run as a team (`team`; `mas` is accepted) or by one agent (`single_agent`), for

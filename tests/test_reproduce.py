@@ -133,7 +133,7 @@ def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
                 answer_turns(t),
                 t.train.steps,
                 t.train.problems_per_step,
-                max(role.k or t.algorithm.k for role in t.roles),
+                max(t.k_of(role) for role in t.roles),
                 t.train.warmup_steps,
                 t.train.eval_problems,
             )

@@ -214,12 +214,10 @@ def budget(family: Family) -> str:
     their own K (AT-GRPO's tree, Sec. 4.1) each role's K is named."""
     tasks = [load_task(Path(family.root) / file, overrides) for file, overrides in family.regimes.values()]
     task = tasks[0]
-    k = max(role.k or task.algorithm.k for role in task.roles)
+    k = max(task.k_of(role) for role in task.roles)
     own = next((t for t in tasks if any(role.k for role in t.roles)), None)
     per_role = (
-        " (" + ", ".join(f"{role.name} {role.k or own.algorithm.k}" for role in own.roles) + " in the team's tree)"
-        if own
-        else ""
+        " (" + ", ".join(f"{role.name} {own.k_of(role)}" for role in own.roles) + " in the team's tree)" if own else ""
     )
     hard = f" + {task.train.hard_eval_problems} hard" if task.train.hard_eval_problems else ""
     return (
