@@ -1,5 +1,7 @@
-"""Does the planner use the tool agent's output? Read from a Plan-Path run store (tool_helper:
-solver), per evaluation step and split, for the planner's chosen answer at turn 0: how often its first
+"""Does the answerer use the tool's output? Read from a Plan-Path run store (tool_helper: solver),
+per evaluation step and split, for the first chosen answer that was shown a program's output (the
+team's planner at turn 0; a single agent with the tool (`program_then_answer`) at turn 1, after its
+own program): how often its first
 move is the first move the tool's program printed, how often it is a move toward the goal by the
 coordinates (what a reading rule would do), and how often the whole answer is the tool's move list.
 On the hard split (a detour needed) the tool's first move and the straight way's part often differ,
@@ -33,11 +35,15 @@ def tool_moves(observation: str) -> list[str]:
 
 def summarise(db_path: Path, eval_problems: int, step: int | None = None) -> list[dict]:
     store = RunStore(db_path, create=False)
-    out: dict[tuple[int, str], dict] = {}
+    first: dict[tuple[int, int], dict] = {}  # (step, episode) -> its first answer shown a program's output
     for record in store.candidate_records(kind="eval", chosen_only=True):
-        at, idx = record["step"], record["episode"]
-        if record["role"] != "planner" or record["turn"] != 0 or (step is not None and at != step):
+        key = (record["step"], record["episode"])
+        if "Its output:" not in record["observation"] or (step is not None and key[0] != step):
             continue
+        if key not in first or record["turn"] < first[key]["turn"]:
+            first[key] = record
+    out: dict[tuple[int, str], dict] = {}
+    for (at, idx), record in sorted(first.items()):
         split = "hard" if idx >= eval_problems else "main"
         row = out.setdefault(
             (at, split),
