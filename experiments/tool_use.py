@@ -17,6 +17,7 @@ import json
 import re
 from pathlib import Path
 
+from mas_lab.envs.games import OUTPUT_HEADER
 from mas_lab.envs.plan_path import parse_answer_moves
 from mas_lab.records.store import RunStore
 
@@ -28,8 +29,8 @@ def toward(problem: dict) -> set[str]:
 
 
 def tool_moves(observation: str) -> list[str]:
-    """The moves the tool's program printed, as the planner was shown them ("Its output:" line)."""
-    found = re.search(r"Its output:\n(.*)", observation)
+    """The moves the tool's program printed, as the answerer was shown them (the line after OUTPUT_HEADER)."""
+    found = re.search(re.escape(OUTPUT_HEADER) + "(.*)", observation)
     return re.findall(r"\b[UDLR]\b", found.group(1)) if found else []
 
 
@@ -38,7 +39,7 @@ def summarise(db_path: Path, eval_problems: int, step: int | None = None) -> lis
     first: dict[tuple[int, int], dict] = {}  # (step, episode) -> its first answer shown a program's output
     for record in store.candidate_records(kind="eval", chosen_only=True):
         key = (record["step"], record["episode"])
-        if "Its output:" not in record["observation"] or (step is not None and key[0] != step):
+        if OUTPUT_HEADER not in record["observation"] or (step is not None and key[0] != step):
             continue
         if key not in first or record["turn"] < first[key]["turn"]:
             first[key] = record

@@ -37,6 +37,15 @@ def extract_code(text: str) -> str:
     return opened.group(1) if opened else text
 
 
+OUTPUT_HEADER = "Its output:\n"  # what a program printed starts after this line in an observation
+
+
+def shown_output(output: str) -> str:
+    """A program's printed output as an observation shows it (to the planner that sees the tool, or
+    to a program_then_answer role after its own program)."""
+    return f"{OUTPUT_HEADER}{output.strip() or '(nothing)'}"
+
+
 KIND_WEIGHTS = {  # the local reward of each kind of role: weight x component (the paper's shaping)
     "program": {"ran": 0.1, "parsed": 0.1, "value": 0.8},
     "answer": {"format": 0.2, "value": 0.8},
@@ -241,7 +250,7 @@ class ToolPlannerEnv(Env):
             code, output = self.replies.get(seen, ("", ""))
             if other is not None and other.kind == "program":
                 text += f"\nThe {seen} agent's code:\n```python\n{code.strip()}\n```\n"
-                text += f"Its output:\n{output.strip() or '(nothing)'}"
+                text += shown_output(output)
             else:
                 text += f"\nThe {seen}'s reply:\n{code.strip() or '(nothing yet)'}"
         return text
@@ -257,7 +266,7 @@ class ToolPlannerEnv(Env):
             return text + self._seen(role) + f"\nWrite the Python program that {self.program_hint}."
         if spec.kind == "program_then_answer":  # its own program of the turn before, and what it printed
             text += f"\nYour program:\n```python\n{self.tool_code.strip()}\n```\n"
-            text += f"Its output:\n{self.tool_output.strip() or '(nothing)'}"
+            text += shown_output(self.tool_output)
         return text + self._seen(role) + "\n" + self.answer_hint
 
     def act(self, role: str, turn: int, action: str) -> ActionResult:
