@@ -349,3 +349,54 @@ def test_the_study_figure_names_its_real_problem_count_and_shades_the_range_over
     left = seen["fig"].axes[0]
     assert "4 problems" in left.get_title() and "64" not in left.get_title()
     assert "range over seeds" in left.get_title() and left.collections  # the shaded range
+
+
+def test_the_hard_split_gets_its_own_paired_verdicts_and_a_pair_of_regimes_is_compared_on_the_main_split():
+    """A store's final evaluation holds the main and the hard split; the table's verdicts and the
+    regime pairs are on the main problems only, the hard split's on its own (hand-made outcomes:
+    A solves m1 and h2, B solves m1, m2 and h1)."""
+    from mas_lab.study.report import hard_outcomes, orderings
+
+    by_seed = {0: {"": {"h1": False, "h2": False}, "one move (no model)": {"h1": True, "h2": False}}}
+    rows = {"A": {}, "B": {}, "one move (no model)": {}}
+    read = {
+        "A": {0: {"m1": True, "m2": False, "h1": False, "h2": True}},
+        "B": {0: {"m1": True, "m2": True, "h1": True}},
+    }
+    hard = hard_outcomes(rows, by_seed, read)
+    assert hard == {
+        "A": {0: {"h1": False, "h2": True}},
+        "B": {0: {"h1": True}},
+        "one move (no model)": {0: {"h1": True, "h2": False}},
+    }
+    _, lines = orderings(["A", "B"], hard)
+    assert lines[2].startswith("| A | B | 0/1 |")  # h1 only: the problem both evaluated on the hard split
+
+
+def test_the_kept_paper_rules_runs_pair_on_each_split_as_sqlite_counts_them():
+    """The kept seed-0 team and single agent with the tool on plan_path_paper (counted with sqlite
+    over the unpacked stores, eval at step 30, idx < 64 the main split): main 63 vs 59, discordant
+    5/1; hard 63 vs 51, 13/1. The report's pairs say so per split, not 18/2 over both at once."""
+    reproduce = _reproduce_module()
+    from mas_lab.study.report import hard_outcomes, hard_split, orderings, outcomes, run_outcomes
+
+    family = reproduce.FAMILIES["plan_path_paper"]
+    runs = [
+        _kept_run("results/reproduce/plan_path_paper/mas--at-grpo-shared/seed-0"),
+        _kept_run("results/reproduce/plan_path_paper/single-agent--grpo-with-the-tool/seed-0"),
+    ]
+    _, rows = reproduce.table(runs, family)
+    read = run_outcomes(rows)
+    main = outcomes(rows, runs[0]["task"], read=read)
+    team, single = "MAS + AT-GRPO shared", "single agent + GRPO with the tool"
+    assert len(main[team][0]) == 64 and sum(main[team][0].values()) == 63 and sum(main[single][0].values()) == 59
+    _, lines = orderings([single, team], main)
+    assert lines[2].startswith(f"| {single} | {team} | 1/5 | 0.219 |")
+    hard_rows, by_seed = hard_split(runs, family)
+    hard = hard_outcomes(hard_rows, by_seed, read)
+    assert len(hard[team][0]) == 64 and sum(hard[team][0].values()) == 63 and sum(hard[single][0].values()) == 51
+    claimed, lines = orderings([single, team], hard)
+    assert lines[2].startswith(f"| {single} | {team} | 1/13 | 0.00183 |")
+    assert claimed == [f"{team} above {single}"]
+    said = reproduce.baseline_verdicts(hard_rows, hard)[team]
+    assert "above the tool's first move a turn (n=64, discordant 27/0" in said

@@ -1,7 +1,7 @@
 """The comparison's report: a table per family (every trained regime pooled over seeds with 95%
 Wilson intervals and per-seed values, the untrained rows, and every baseline without a model on the
 same held-out problems: the constant answer and the reading rules), the orderings that the
-intervals and every seed support, the swap ablation, the curves, and the family's section of
+paired test supports on the main and the hard split, the swap ablation, the curves, and the family's section of
 docs/results/ (linked from docs/results.md)."""
 
 from __future__ import annotations
@@ -155,30 +155,33 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
     return rows
 
 
-def hard_table(results: list[dict], family: Family) -> list[str]:
+def hard_split(results: list[dict], family: Family) -> tuple[dict[str, dict], dict[int, dict[str, dict]]]:
     """The hard split (held-out problems the either-order reading rule does not solve: a detour is
-    needed), where the runs evaluated one: each trained regime's final success there, pooled over
-    seeds, beside the rules on the same problems. Empty when no run has one, and when the task
-    evaluates no separate hard split (`train.hard_eval_problems: 0`): its runs then report the few
-    detour problems inside the main set (6 of 192 over the Plan-Path letters seeds), which the either-order
-    row counts ("N problems need a detour") and which are too few for a table of their own."""
+    needed), where the runs evaluated one: each trained regime's final success there from its
+    summary, pooled over seeds, and each rule replayed without a model on the same problems; with,
+    per seed, each rule's outcome by problem id ({seed: {row: {problem id: solved}}}), for the
+    paired verdicts. Empty when no run has one, and when the task evaluates no separate hard split
+    (`train.hard_eval_problems: 0`): its runs then report the few detour problems inside the main
+    set (6 of 192 over the Plan-Path letters seeds), which the either-order row counts ("N problems
+    need a detour") and which are too few for a table of their own."""
     with_hard = [r for r in results if (r["summary"].get("hard_after") or {}).get("problems")]
     if not with_hard:
-        return []
+        return {}, {}
     task = load_task(Path(family.root) / with_hard[0]["task"])
     if not task.train.hard_eval_problems:
-        return []
+        return {}, {}
     rows: dict[str, dict] = {}
     for name in family.names:
         runs = [r for r in with_hard if r["regime"] == name]
         if runs:
             hard = [r["summary"]["hard_after"] for r in runs]
-            rows[name] = cell([(r["seed"], h["success"], h["problems"]) for r, h in zip(runs, hard)])
-    seeds = sorted({r["seed"] for r in with_hard})
+            rows[name] = {**cell([(r["seed"], h["success"], h["problems"]) for r, h in zip(runs, hard)]), "runs": runs}
     env_cls = ENVS[task.env.name]
     params = env_cls.Params.coerce(task.env.params)
-    found = {}
-    for seed in seeds:  # the same extra hard problems the runs evaluated (train.hard_eval_problems)
+    helper = getattr(params, "tool_helper", "none") != "none"
+    shown = {name: label for name, label in RULE_ROWS.items() if name not in HELPER_ROWS or helper}
+    by_seed: dict[int, dict[str, dict]] = {}
+    for seed in sorted({r["seed"] for r in with_hard}):  # the extra hard problems the runs evaluated
         pool = ProblemPool(
             env_cls,
             params,
@@ -187,18 +190,23 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
             hard_size=task.train.hard_eval_problems,
             hard=functools.partial(is_hard, env_cls, params, max_turns=answer_turns(task)),
         )
-        found[seed] = rule_results(env_cls, params, pool.hard_set, answer_turns(task))
-    helper = getattr(params, "tool_helper", "none") != "none"
-    for name, label in RULE_ROWS.items():
-        if name in HELPER_ROWS and not helper:
-            continue
-        per_seed = [
-            (seed, sum(r.solved[name]) / len(r.solved[name]), len(r.solved[name]))
-            for seed, r in found.items()
-            if r is not None and r.solved.get(name)
-        ]
-        if per_seed:
-            rows[label] = cell(per_seed)
+        found = rule_results(env_cls, params, pool.hard_set, answer_turns(task))
+        by_seed[seed] = {"": {p.id: False for p in pool.hard_set}}  # "": the split's problem ids
+        for name, label in shown.items():
+            if found is not None and found.solved.get(name):
+                by_seed[seed][label] = {p.id: s for p, s in zip(pool.hard_set, found.solved[name])}
+    for label in dict.fromkeys(label for rules in by_seed.values() for label in rules if label):
+        per_seed = [(seed, sum(r[label].values()) / len(r[label]), len(r[label])) for seed, r in by_seed.items()]
+        rows[label] = {**cell(per_seed), "runs": []}
+    return rows, by_seed
+
+
+def hard_table(results: list[dict], family: Family) -> list[str]:
+    """The hard split's table (hard_split): each trained regime beside the rules on the same
+    problems; empty where the task has no separate hard split."""
+    rows, _ = hard_split(results, family)
+    if not rows:
+        return []
     lines = ["| on the hard split | held-out success, pooled [95% interval] | per seed |", "|---|---|---|"]
     for name, row in rows.items():
         lines.append(
@@ -206,6 +214,23 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
             f"{' / '.join(f'{x:.3f}' for x in row['per_seed'])} |"
         )
     return lines
+
+
+def hard_outcomes(
+    rows: dict[str, dict], by_seed: dict[int, dict[str, dict]], read: dict[str, dict[int, dict]]
+) -> dict[str, dict[int, dict]]:
+    """The hard split's outcomes by problem id ({row: {seed: {problem id: solved}}}): a trained
+    regime's from its final evaluation (`read`, every evaluated problem) restricted to that seed's
+    hard problems, a rule's as replayed by hard_split."""
+    out: dict[str, dict[int, dict]] = {}
+    for seed, found in by_seed.items():
+        ids = found[""]
+        for name in rows:
+            if name in found:
+                out.setdefault(name, {})[seed] = found[name]
+            elif seed in read.get(name, {}):
+                out.setdefault(name, {})[seed] = {i: s for i, s in read[name][seed].items() if i in ids}
+    return out
 
 
 def budget(family: Family) -> str:
@@ -235,10 +260,10 @@ def baseline_rows(rows: dict[str, dict]) -> list[str]:
     return [name for name in rows if name.endswith("(no model)")]
 
 
-def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) -> dict[str, dict[int, dict]]:
-    """Each row's held-out outcome per problem, per seed: {row: {seed: {problem id: solved}}}. A
-    trained row's from its runs' final evaluation, an untrained row's from their step-0 evaluation
-    (kept stores), a baseline row's replayed without a model on that seed's held-out problems."""
+def run_outcomes(rows: dict[str, dict]) -> dict[str, dict[int, dict]]:
+    """Each model row's held-out outcome per problem, per seed, on every problem its evaluation
+    held (main and hard split): {row: {seed: {problem id: solved}}}. A trained row's from its runs'
+    final evaluation, an untrained row's from their step-0 evaluation (kept stores)."""
     out: dict[str, dict[int, dict]] = {}
     for name, row in rows.items():
         for r in row["runs"]:
@@ -247,11 +272,28 @@ def outcomes(rows: dict[str, dict], task_file: str, root: Path = families.ROOT) 
                 continue
             with kept_store(r) as store:
                 out.setdefault(name, {})[r["seed"]] = store.eval_outcomes(which["step"])
+    return out
+
+
+def outcomes(
+    rows: dict[str, dict], task_file: str, root: Path = families.ROOT, read: dict[str, dict[int, dict]] | None = None
+) -> dict[str, dict[int, dict]]:
+    """Each row's held-out outcome per problem on the main split, per seed: {row: {seed: {problem
+    id: solved}}}. A model row's from its kept store (run_outcomes, or `read` when already read)
+    restricted to the seed's main held-out problems, so that a pair of regimes is compared on the
+    table's problems and the hard split only in its own section; a baseline row's replayed without
+    a model on those problems."""
+    read = run_outcomes(rows) if read is None else read
     baseline_names = {"constant": "constant answer (no model)", **RULE_ROWS}
     task = load_task(root / task_file)
-    seeds = sorted({seed for by_seed in out.values() for seed in by_seed})
+    seeds = sorted({seed for by_seed in read.values() for seed in by_seed})
+    out: dict[str, dict[int, dict]] = {}
     for seed in seeds:
         problems = ProblemPool(ENVS[task.env.name], task.env.params, seed, task.train.eval_problems).eval_set
+        ids = {p.id for p in problems}
+        for name, by_seed in read.items():
+            if seed in by_seed:
+                out.setdefault(name, {})[seed] = {i: s for i, s in by_seed[seed].items() if i in ids}
         for key, (_, solved) in baseline_outcomes(task, problems).items():
             if baseline_names.get(key) in rows:
                 out.setdefault(baseline_names[key], {})[seed] = {p.id: s for p, s in zip(problems, solved)}
@@ -273,7 +315,7 @@ def baseline_verdicts(rows: dict[str, dict], found: dict[str, dict[int, dict]]) 
     """Each model row against every baseline row, paired on the same problems of each seed, in the
     words of the paired test ("above ...; not distinguishable from ...; below ..."), each with n,
     the discordant counts per seed and the exact p-value."""
-    baselines = baseline_rows(rows)
+    baselines = [name for name in baseline_rows(rows) if name in found]
     out = {}
     for name in rows:
         if name in baselines:
@@ -513,8 +555,12 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     image = Path(family.images) / family.image
     lines, rows = table(results, family)
     plot(results, image, rows.get("constant answer (no model)"), family.names, eval_n(results[0], Path(family.root)))
-    found = outcomes(rows, results[0]["task"], Path(family.root))
+    read = run_outcomes(rows)
+    found = outcomes(rows, results[0]["task"], Path(family.root), read)
     claimed, pair_lines = orderings([n for n in rows if rows[n]["trained"]], found)
+    hard_rows, hard_seeds = hard_split(results, family)
+    hard_found = hard_outcomes(hard_rows, hard_seeds, read)
+    hard_claimed, hard_pairs = orderings([n for n in hard_rows if n in family.names], hard_found)
     swaps = swap_lines(results)
     cpu_h = sum(r["cpu_s"] for r in results) / 3600
     wall_h = sum(r["wall_s"] for r in results) / 3600
@@ -576,6 +622,22 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         *pair_lines,
         "",
     ]
+    if hard_rows:
+        text += [
+            "On the hard split, paired on the same problems of each seed (the tables' regimes and rules, "
+            "the same tests): "
+            + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(hard_rows, hard_found).items()),
+            "",
+        ]
+    if len(hard_pairs) > 2:  # two regimes or more share a seed with a hard split
+        text += [
+            "Orderings on the hard split: "
+            + ("; ".join(hard_claimed) if hard_claimed else "none: no pair of regimes is distinguishable")
+            + ".",
+            "",
+            *hard_pairs,
+            "",
+        ]
     if starts := starts_line(results):
         text += [starts, ""]
     if spikes := grad_spikes(results):
