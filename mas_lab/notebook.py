@@ -227,22 +227,30 @@ def load_study(path: str | Path) -> StudyData:
     return StudyData(root, runs, damaged)
 
 
-def final_outcomes(run: RunData) -> dict[str, bool]:
+def final_outcomes(run: RunData, split: str = "main") -> dict[str, bool]:
     """Success per held-out problem at the run's last evaluation (RunStore.eval_outcomes: the first
-    sample of each problem)."""
+    sample of each problem, in the evaluation's order): `split` "main" (the evaluation set, the
+    first `train.eval_problems`), "hard" (the extra hard problems that follow it,
+    `train.hard_eval_problems`; mas_lab/training/evaluation.py) or "all". Two runs are compared
+    split by split: pooling them would weigh a split by how many problems each has."""
+    if split not in ("main", "hard", "all"):
+        raise ValueError(f"split: 'main', 'hard' or 'all', not {split!r}")
     store = run._store()
     try:
         steps = store.episode_steps("eval")
-        return store.eval_outcomes(steps[-1]) if steps else {}
+        found = list(store.eval_outcomes(steps[-1]).items()) if steps else []
     finally:
         store.close()
+    n = int((run.task.get("train") or {}).get("eval_problems") or len(found))
+    return dict(found if split == "all" else found[:n] if split == "main" else found[n:])
 
 
-def paired_runs(runs_a, runs_b):
+def paired_runs(runs_a, runs_b, split: str = "main"):
     """Runs of one arm against runs of another on the same held-out problems, seed by seed
     (mas_lab/analysis/paired.py): `runs_a` and `runs_b` are run folders or RunData, or lists of them in
     the same seed order. Returns a `Verdict` (its `word`, `evidence()`, `as_dict()`); the final
-    evaluations are paired on the problems both evaluated."""
+    evaluations are paired on the problems both evaluated, on the main split or, `split="hard"`, on
+    the hard split (final_outcomes)."""
 
     def listed(runs) -> list[RunData]:
         items = runs if isinstance(runs, (list, tuple)) else [runs]
@@ -253,8 +261,11 @@ def paired_runs(runs_a, runs_b):
         raise ValueError(f"paired_runs needs one run of each arm per seed: {len(a_runs)} against {len(b_runs)}")
     pairs = []
     for a, b in zip(a_runs, b_runs):
-        x, y = on_common_problems(final_outcomes(a), final_outcomes(b))
+        x, y = on_common_problems(final_outcomes(a, split), final_outcomes(b, split))
         if not x:
-            raise ValueError(f"{a.path} and {b.path}: no held-out problem in common (different seeds or tasks?)")
+            raise ValueError(
+                f"{a.path} and {b.path}: no held-out problem in common on the {split} split "
+                "(different seeds or tasks, or no hard split?)"
+            )
         pairs.append((x, y))
     return compare_paired(pairs)

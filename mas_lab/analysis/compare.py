@@ -204,34 +204,43 @@ def differences(runs: list[Compared]) -> dict[str, list[str]]:
 
 
 def table(runs: list[Compared]) -> list[str]:
-    """Final held-out success pooled per label (95% Wilson interval) and per run."""
-    lines = ["| label | runs | final held-out success, pooled [95% interval] | per run |", "|---|---|---|---|"]
-    for label in dict.fromkeys(r.label for r in runs):
-        finals = []
-        for r in (r for r in runs if r.label == label):
-            episodes = r.run.episodes.query("kind == 'eval'")
-            if len(episodes):
-                last = episodes[episodes["step"] == episodes["step"].max()]
-                finals.append((int(last["success"].sum()), len(last)))
-        if not finals:
-            continue
-        solved, n = sum(s for s, _ in finals), sum(n for _, n in finals)
+    """Final held-out success on the main split pooled per label (95% Wilson interval) and per run;
+    where a run evaluated a hard split, that split's pooled success in a column of its own."""
+    finals: dict[str, list[tuple[int, int]]] = {}
+    hard: dict[str, list[tuple[int, int]]] = {}
+    for r in runs:
+        if main := final_outcomes(r.run, "main"):
+            finals.setdefault(r.label, []).append((sum(main.values()), len(main)))
+        if extra := final_outcomes(r.run, "hard"):
+            hard.setdefault(r.label, []).append((sum(extra.values()), len(extra)))
+
+    def pooled(counts: list[tuple[int, int]]) -> str:
+        solved, n = sum(s for s, _ in counts), sum(n for _, n in counts)
         low, high = wilson_interval(solved, n)
-        lines.append(
-            f"| {label} | {len(finals)} | {solved / n:.3f} [{low:.3f}, {high:.3f}] (n={n}) | "
-            f"{' / '.join(f'{s / m:.3f}' for s, m in finals)} |"
-        )
+        return f"{solved / n:.3f} [{low:.3f}, {high:.3f}] (n={n})"
+
+    head = "| label | runs | final held-out success, pooled [95% interval] | per run |"
+    lines = [
+        head + (" hard split, pooled [95% interval] |" if hard else ""),
+        "|---|---|---|---|" + ("---|" if hard else ""),
+    ]
+    for label, counts in finals.items():
+        row = f"| {label} | {len(counts)} | {pooled(counts)} | {' / '.join(f'{s / m:.3f}' for s, m in counts)} |"
+        lines.append(row + (f" {pooled(hard[label]) if label in hard else '-'} |" if hard else ""))
     return lines
 
 
-def paired_table(runs: list[Compared]) -> list[str]:
+def paired_table(runs: list[Compared], split: str = "main") -> list[str]:
     """Every pair of labels, paired on the same held-out problems seed by seed (the run of each label
-    with that `train.seed`; mas_lab/analysis/paired.py): discordant counts per seed, the exact p-value, the
-    difference with its interval and the verdict in the paired test's words. Empty for one label."""
+    with that `train.seed`; mas_lab/analysis/paired.py), on one split (notebook.final_outcomes: the
+    main evaluation set, or the hard split): discordant counts per seed, the exact p-value, the
+    difference with its interval and the verdict in the paired test's words. Empty for one label,
+    and for a split no two labels evaluated."""
     by_label: dict[str, dict[int, dict[str, bool]]] = {}
     for r in runs:
         seed = int((r.run.task.get("train") or {}).get("seed", 0))
-        by_label.setdefault(r.label, {}).setdefault(seed, final_outcomes(r.run))
+        if found := final_outcomes(r.run, split):
+            by_label.setdefault(r.label, {}).setdefault(seed, found)
     labels = list(by_label)
     lines = [
         "| A | B | seeds | discordant A only / B only, per seed | exact p | A - B [95%] | verdict |",
@@ -300,6 +309,9 @@ def compare(paths: list[Path], out: Path, labels: dict[Path, str] | None = None,
             *paired,
             "",
         ]
+    if paired := paired_table(runs, "hard"):
+        lines += ["On the hard split (the extra held-out problems that need a detour), paired the same way:", ""]
+        lines += [*paired, ""]
     if updates := update_table(runs):
         lines += ["What the updates did:", "", *updates, ""]
     if diff:
