@@ -396,6 +396,14 @@ class Train(_Strict):
         "replies in each role's answer format with random content (never read from the problem, "
         "so never a solution), problems_per_step problems each; 0: none",
     )
+    warmup_cache: Optional[str] = Field(
+        None,
+        description="a folder where runs share their format warm-up: a run whose warm-up inputs (the "
+        "resolved task but for the settings the warm-up never reads, training/warmup.py WARMUP_FREE, and "
+        "the mas_lab code) match an entry there loads it instead of training its own, and a run that "
+        "trains one leaves it there; the arms of a study that differ in their credit method share one "
+        "warm-up per seed. Empty: every run trains its own",
+    )
 
 
 class Resources(_Strict):

@@ -184,3 +184,52 @@ def test_a_run_stopped_early_reports_its_latest_evaluation(tmp_path):
     assert summary["latest"]["step"] == 10 and summary["latest"]["success"] == 0.75
     trainer.step = 10
     assert trainer.summary()["latest"] is None  # the last evaluation is the final step's: it is "after"
+
+
+def _warm_run(tmp_path, name: str, overrides: list[str]) -> Trainer:
+    base = ["train.warmup_steps=2", "train.steps=2", "train.eval_problems=2", "checkpoint.every=0"]
+    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", [*base, *overrides])
+    trainer = Trainer(task, Backend(task, use_ray=False), RunStore(tmp_path / f"{name}.db"))
+    trainer.run()
+    return trainer
+
+
+def _stable(trainer: Trainer) -> dict:
+    from mas_lab.training.metric_names import TIMED
+
+    return {s: {k: v for k, v in m.items() if not k.startswith(TIMED)} for s, m in trainer.store.metrics().items()}
+
+
+def test_a_shared_warm_up_continues_exactly_as_the_runs_own(tmp_path):
+    """train.warmup_cache: an AT-GRPO run trains the warm-up and leaves it; a run that differs only
+    in its credit and sampling mode (trajectory GRPO with leave-one-out) takes it, and its every
+    metric from step 0 on equals that of the same run warming up itself, bit for bit."""
+    cache = f"train.warmup_cache={tmp_path / 'cache'}"
+    arm = ["algorithm.mode=trajectories", "algorithm.advantage=rloo"]
+    first = _warm_run(tmp_path, "at_grpo", [cache])
+    assert any("left in" in e["message"] for e in first.store.events() if e["kind"] == "warmup")
+    taken = _warm_run(tmp_path, "taken", [cache, *arm])
+    own = _warm_run(tmp_path, "own", arm)
+    messages = [e["message"] for e in taken.store.events() if e["kind"] == "warmup"]
+    assert (
+        len(messages) == 3
+        and "taken from" in messages[-1]
+        and messages[:2] == [e["message"] for e in own.store.events() if e["kind"] == "warmup"]
+    )
+    assert sorted(_stable(taken)) == [0, 1, 2] and _stable(taken) == _stable(own)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_the_warm_up_fingerprint_ignores_only_what_the_warm_up_never_reads():
+    from mas_lab.training.warmup import warmup_fingerprint
+
+    def of(*overrides: str) -> str:
+        return warmup_fingerprint(
+            load_task(ROOT / "tasks" / "plan_path_tiny.yaml", ["train.warmup_steps=2", *overrides])
+        )
+
+    same = of()
+    assert of("algorithm.advantage=rloo", "train.steps=9", "train.eval_every=3") == same
+    assert of("algorithm.mode=trajectories") == same
+    for changed in ("algorithm.lr=0.001", "train.seed=1", "algorithm.grad_clip=20.0", "train.warmup_steps=3"):
+        assert of(changed) != same, changed

@@ -115,3 +115,21 @@ def test_the_report_names_each_roles_own_k_where_the_team_has_one():
     families = {f.key: f for f in load_study(ROOT / "studies" / "paper.yaml", ROOT)}
     assert "x K = 8 (tool 4, planner 8 in the team's tree) after" in budget(families["plan_path_paper"])
     assert "40 steps x 8 problems x K = 4 after 20 warm-up steps" in budget(families["plan_path_tool"])
+
+
+def test_a_studys_runs_share_one_warm_up_folder_and_reuse_ignores_where_a_warm_up_came_from():
+    """Every family of a study points its runs at one warm-up folder (train.warmup_cache: runs with
+    the same warm-up inputs take one warm-up); a kept run of another study is the same run whether
+    its warm-up was its own or shared, so reuse does not count that setting as a difference."""
+    from mas_lab.study.reuse import _computed, differences
+    from mas_lab.study.runner import warmup_cache
+
+    families = load_study(ROOT / "studies" / "credit_matched.yaml", ROOT)
+    folders = {warmup_cache(f) for f in families}
+    assert len(families) == 2 and len(folders) == 1 and next(iter(folders)).endswith("/warmup")
+    ours = {"train": {"seed": 0, "warmup_cache": "/study/warmup"}, "policies": {}}
+    kept = {"train": {"seed": 0, "warmup_cache": None}, "policies": {}}
+    assert differences(_computed(ours, None), _computed(kept, None)) == []
+    assert differences(_computed({**ours, "train": {"seed": 1}}, None), _computed(kept, None)) == [
+        "train.seed: 1 here, 0 kept"
+    ]

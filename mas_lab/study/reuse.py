@@ -2,7 +2,8 @@
 study's AT-GRPO and trajectory-GRPO arms are the paper study's MAS + AT-GRPO shared and MAS +
 trajectory GRPO) is copied into this study's archive instead of being trained again, but only when
 it is the same run: the same resolved task (task file, every override, the seed), placement aside
-(`tracking`: where it was written; `resources`: threads and CPUs) and `dtype: auto` read as the
+(`tracking`: where it was written; `resources`: threads and CPUs; `train.warmup_cache`: whether its
+warm-up was its own or a shared one with the same inputs) and `dtype: auto` read as the
 dtype the run computed in, trained by the same code (the package fingerprint each run records,
 mas_lab/records/provenance.py: a changed trainer makes a different run of the same task file). A kept run
 that differs in anything else is refused, naming the fields, before anything is written; a seed
@@ -51,7 +52,9 @@ def _computed(task: dict, precision: dict | None) -> dict:
         if dtype == "auto":
             dtype = next(iter(reported)) if len(reported) == 1 else resolve("auto", "cpu")
         policies[name] = {**policy, "dtype": dtype}
-    return {k: v for k, v in {**task, "policies": policies}.items() if k not in PLACEMENT}
+    # where the warm-up came from (its own, or a shared one with the same inputs) does not change the run
+    train = {k: v for k, v in task.get("train", {}).items() if k != "warmup_cache"}
+    return {k: v for k, v in {**task, "policies": policies, "train": train}.items() if k not in PLACEMENT}
 
 
 def differences(a: object, b: object, where: str = "") -> list[str]:

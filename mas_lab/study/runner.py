@@ -93,6 +93,11 @@ def node_label() -> str:
     return label
 
 
+def warmup_cache(family: Family) -> str:
+    """The override that points a study's runs at its shared warm-ups (one folder per study)."""
+    return f"train.warmup_cache={(Path(family.study_out or family.out) / 'warmup').resolve()}"
+
+
 def run_regime(
     family: Family, name: str, seed: int, out: Path, extra: list[str], tracking: tuple[str, ...] = ()
 ) -> dict | None:
@@ -123,10 +128,14 @@ def _run_cell(
     """run_regime's work, under the cell's lock."""
     summary_file = folder / "summary.json"
     task, overrides = family.regimes[name]
+    # the arms of one seed that differ only in what the warm-up never reads share one warm-up
+    # (train.warmup_cache, training/warmup.py), unless the study or the call names another folder
+    shared = [] if any(s.startswith("train.warmup_cache=") for s in [*overrides, *extra]) else [warmup_cache(family)]
     sets = [
         *family.common,
         *overrides,
         *extra,
+        *shared,
         f"train.seed={seed}",
         f"tracking.runs_dir={folder / 'runs'}",
         f"tracking.mlflow_uri=sqlite:///{family.mlflow_store.resolve()}",

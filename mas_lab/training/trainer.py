@@ -34,7 +34,7 @@ from mas_lab.training.episodes import Episode, Generate, Timing, call_seed, tree
 from mas_lab.training.evaluation import Evaluator
 from mas_lab.training.metric_names import LEARNER_METRICS, TIME_KEYS
 from mas_lab.training.progress import Progress, ProgressEvent
-from mas_lab.training.warmup import format_warm_up
+from mas_lab.training.warmup import format_warm_up, warmup_fingerprint
 
 PREFETCHED = "prefetched_rollout.pkl"  # in a checkpoint taken with the next step's rollout already made
 
@@ -242,8 +242,40 @@ class Trainer:
         return TrainStep(step, episodes, metrics)
 
     def warm_up(self) -> None:
-        """The format warm-up before the first evaluation (training/warmup.py)."""
+        """The format warm-up before the first evaluation (training/warmup.py); with
+        `train.warmup_cache`, taken from a run that had the same warm-up inputs (the entry named by
+        warmup_fingerprint), or trained and left there for the next: the policies and their
+        optimizers, the problems' cursor and the driver's RNG as the warm-up left them, saved and
+        loaded as a checkpoint is, so a run that takes it continues as if it had warmed up itself."""
+        cache = self.task.train.warmup_cache
+        if cache is None:
+            format_warm_up(self.task, self.backend, self.store, self.next_problems, self.train_pool.make)
+            return
+        entry = Path(cache) / warmup_fingerprint(self.task)
+        for found in reversed(checkpoint.complete(entry)):
+            try:
+                state = checkpoint.verify(found)
+            except checkpoint.CheckpointError as exc:  # a damaged entry: train the warm-up again
+                self.store.event(0, "warmup", f"shared warm-up {found} not used: {exc}")
+                continue
+            self.backend.load_policies(found / "policies", 0)
+            checkpoint.restore_driver_rng(found)
+            self.cursor, self.stage, self.stage_started = state["cursor"], state["stage"], state["stage_started"]
+            for message in state["events"]:
+                self.store.event(0, "warmup", message)
+            self.store.event(0, "warmup", f"format warm-up taken from {entry} (the same warm-up inputs and code)")
+            return
         format_warm_up(self.task, self.backend, self.store, self.next_problems, self.train_pool.make)
+        state = {
+            "step": 0,
+            "cursor": self.cursor,
+            "stage": self.stage,
+            "stage_started": self.stage_started,
+            "task": self.task.model_dump(mode="json"),
+            "events": [e["message"] for e in self.store.events() if e["kind"] == "warmup"],
+        }
+        path, _ = checkpoint.save(entry, 0, state, self.backend.save_policies, keep_last=1)
+        self.store.event(0, "warmup", f"format warm-up left in {path.parent.parent} for runs with the same inputs")
 
     def evaluate(self, step: int, samples: int = 1) -> dict[str, float]:
         """The held-out evaluation at `step` (training/evaluation.py)."""

@@ -4,6 +4,8 @@ paper starts RL from the instruct model)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from typing import Callable
 
@@ -12,6 +14,7 @@ from mas_lab.config import TaskConfig
 from mas_lab.envs import Env, Problem
 from mas_lab.learner.samples import Sample
 from mas_lab.modeling.models import resolve
+from mas_lab.records.provenance import code_version
 from mas_lab.records.store import RunStore
 from mas_lab.rollout.engine import encode_chat
 from mas_lab.training.episodes import call_seed, with_system
@@ -64,3 +67,35 @@ def format_warm_up(
             + ", ".join(f"nll/{n} {u['nll']:.3f}" for n, u in updates.items()),
         )
     backend.sync_weights(0)
+
+
+# What the warm-up never reads (format_warm_up reads the roles, their policies and prompts, the env,
+# the seed, the problems, the warm-up's length and the learner's update settings): two runs that
+# differ only here warm up identically, so they may share one warm-up (train.warmup_cache). Kept
+# short on purpose: a setting left out only costs a second warm-up, one wrongly listed would change
+# a run silently (tests/test_learning.py checks a shared warm-up against a run's own, step by step).
+WARMUP_FREE = (
+    "algorithm.advantage",
+    "algorithm.mode",
+    "algorithm.counterfactual_credit",
+    "algorithm.gigpo_episode",
+    "train.steps",
+    "train.eval_every",
+    "train.warmup_cache",
+    "tracking",
+    "checkpoint",
+)
+
+
+def warmup_fingerprint(task: TaskConfig) -> str:
+    """The format warm-up's inputs as one hash: the resolved task without WARMUP_FREE, and the
+    mas_lab code (another code may warm up differently)."""
+    data = task.model_dump(mode="json")
+    for dotted in WARMUP_FREE:
+        *parents, key = dotted.split(".")
+        node = data
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(key, None)
+    text = json.dumps({"task": data, "code": code_version()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
