@@ -233,3 +233,33 @@ def test_the_warm_up_fingerprint_ignores_only_what_the_warm_up_never_reads():
     assert of("algorithm.mode=trajectories") == same
     for changed in ("algorithm.lr=0.001", "train.seed=1", "algorithm.grad_clip=20.0", "train.warmup_steps=3"):
         assert of(changed) != same, changed
+
+
+def test_a_run_started_beside_the_one_training_a_shared_warm_up_waits_then_loads_it(tmp_path):
+    """Two arms of a study start together (`--jobs 2`): the second waits on the entry's lock while
+    the first trains the warm-up, then loads it, instead of training a second copy into the same
+    folder (a rename race)."""
+    import fcntl
+    import threading
+
+    from fakes import FakeBackend, FakeEngine
+
+    from mas_lab.training.warmup import warmup_fingerprint
+
+    overrides = ["policies.shared.model=tiny-test", "train.warmup_steps=1", f"train.warmup_cache={tmp_path}"]
+    task = load_task(ROOT / "tasks" / "plan_path_tiny.yaml", overrides)
+    entry = tmp_path / warmup_fingerprint(task)
+    entry.mkdir()
+    first, second = FakeBackend(FakeEngine()), FakeBackend(FakeEngine())
+    with open(entry / "lock", "a") as held:  # the first run, mid-warm-up
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiting = Trainer(task, second, RunStore(tmp_path / "second.db"))
+        thread = threading.Thread(target=waiting.warm_up)
+        thread.start()
+        thread.join(timeout=3)
+        assert thread.is_alive() and second.updates == []
+        Trainer(task, first, RunStore(tmp_path / "first.db"))._warm_up_shared(entry)  # trains and leaves it
+    thread.join(timeout=30)
+    assert not thread.is_alive() and len(first.updates) == 1 and second.updates == []
+    said = [e["message"] for e in waiting.store.events() if e["kind"] == "warmup"]
+    assert said[0].startswith("waiting for the run") and said[-1].startswith("format warm-up taken from")

@@ -7,6 +7,7 @@ problems -> tree sampling (episodes.py) -> groups (problem, agent, turn) -> GRPO
 
 from __future__ import annotations
 
+import fcntl
 import pickle
 import statistics
 import time
@@ -252,6 +253,17 @@ class Trainer:
             format_warm_up(self.task, self.backend, self.store, self.next_problems, self.train_pool.make)
             return
         entry = Path(cache) / warmup_fingerprint(self.task)
+        entry.mkdir(parents=True, exist_ok=True)
+        with open(entry / "lock", "a") as lock:  # one run trains an entry; one started beside it waits, then loads it
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.store.event(0, "warmup", f"waiting for the run that is training the warm-up in {entry}")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            self._warm_up_shared(entry)
+
+    def _warm_up_shared(self, entry: Path) -> None:
+        """warm_up's work on a cache entry, under its lock: load it, or train it and leave it."""
         for found in reversed(checkpoint.complete(entry)):
             try:
                 state = checkpoint.verify(found)
