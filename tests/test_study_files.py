@@ -133,3 +133,10 @@ def test_a_studys_runs_share_one_warm_up_folder_and_reuse_ignores_where_a_warm_u
     assert differences(_computed({**ours, "train": {"seed": 1}}, None), _computed(kept, None)) == [
         "train.seed: 1 here, 0 kept"
     ]
+
+
+def test_no_two_shipped_studies_name_a_task_alike():
+    """A task key names the family's report section and its curves (reproduce_<key>.png): two
+    studies with one key would overwrite each other's figure (the credit studies once did)."""
+    keys = [f.key for p in sorted((ROOT / "studies").glob("*.yaml")) for f in load_study(p, ROOT)]
+    assert len(keys) == len(set(keys)), keys
