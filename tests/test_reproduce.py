@@ -400,3 +400,16 @@ def test_the_kept_paper_rules_runs_pair_on_each_split_as_sqlite_counts_them():
     assert claimed == [f"{team} above {single}"]
     said = reproduce.baseline_verdicts(hard_rows, hard)[team]
     assert "above the tool's first move a turn (n=64, discordant 27/0" in said
+
+
+def test_the_report_says_how_often_each_arms_clip_bound():
+    """The paper-rules team's clip (1.0) bound on every step, its median norm 5.3 cut to 1; the
+    matched-update-size AT-GRPO arm (loss / 1024 tokens, clip 20) never bound; a store from before
+    the clip was recorded gives no line rather than a wrong 0%."""
+    from mas_lab.study.report import update_lines
+
+    team = _kept_run("results/reproduce/plan_path_paper/mas--at-grpo-shared/seed-0")
+    matched = _kept_run("results/credit_matched/plan_path/at-grpo-at-grpo/seed-0")
+    older = _kept_run("results/credit/plan_path/at-grpo-at-grpo/seed-0")
+    assert update_lines([team]) == ["MAS + AT-GRPO shared: seed 0 shared 100% (5.3 -> 1)"]
+    assert update_lines([matched, older]) == ["AT-GRPO (at_grpo): seed 0 shared 0% (0.66 -> 0.66)"]

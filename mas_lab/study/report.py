@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from mas_lab.analysis.paired import compare_paired, on_common_problems, sentence
-from mas_lab.analysis.reporting import wilson_interval
+from mas_lab.analysis.reporting import update_diagnostics, wilson_interval
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
 from mas_lab.study import families
@@ -521,6 +521,24 @@ def grad_spikes(results: list[dict]) -> list[str]:
     ]
 
 
+def update_lines(results: list[dict]) -> list[str]:
+    """Per regime, what its updates did, per seed and policy (reporting.update_diagnostics over each
+    run's kept store): the share of optimizer steps whose gradient-norm clip bound and the median
+    norm before and after the clip. Arms compared at one update size should bind alike; a clip that
+    binds on every step of one arm and few of another gives them different step sizes (issue 50).
+    Runs from before the store recorded the clip are left out."""
+    by_regime: dict[str, list[str]] = {}
+    for r in sorted(results, key=lambda r: r["seed"]):
+        with kept_store(r) as store:
+            found = update_diagnostics(store.metrics())
+        for policy, d in found.items():
+            by_regime.setdefault(r["regime"], []).append(
+                f"seed {r['seed']} {policy} {d['clip_bound_share']:.0%} "
+                f"({d['grad_norm_median']:.2g} -> {d['grad_norm_clipped_median']:.2g})"
+            )
+    return [f"{name}: {', '.join(parts)}" for name, parts in by_regime.items()]
+
+
 def report(family: Family, results: list[dict], out: Path) -> None:
     """Write the family's results.json and, where the study names them, its curves and its section
     of the Markdown report; a section whose runs are not kept any more says so."""
@@ -640,6 +658,12 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         ]
     if starts := starts_line(results):
         text += [starts, ""]
+    if updates := update_lines(results):
+        text += [
+            "What the updates did (the share of optimizer steps whose gradient-norm clip bound; the median "
+            "gradient norm before -> after the clip): " + "; ".join(updates) + ".",
+            "",
+        ]
     if spikes := grad_spikes(results):
         text += [
             f"Gradient-norm spikes (steps above {SPIKE:g}x the median of their run's nonzero norms): "
