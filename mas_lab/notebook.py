@@ -227,14 +227,11 @@ def load_study(path: str | Path) -> StudyData:
     return StudyData(root, runs, damaged)
 
 
-def final_outcomes(run: RunData, split: str = "main") -> dict[str, bool]:
+def final_splits(run: RunData) -> dict[str, dict[str, bool]]:
     """Success per held-out problem at the run's last evaluation (RunStore.eval_outcomes: the first
-    sample of each problem, in the evaluation's order): `split` "main" (the evaluation set, the
-    first `train.eval_problems`), "hard" (the extra hard problems that follow it,
-    `train.hard_eval_problems`; mas_lab/training/evaluation.py) or "all". Two runs are compared
-    split by split: pooling them would weigh a split by how many problems each has."""
-    if split not in ("main", "hard", "all"):
-        raise ValueError(f"split: 'main', 'hard' or 'all', not {split!r}")
+    sample of each problem, in the evaluation's order), split as the evaluation made them: "main"
+    (the evaluation set, the first `train.eval_problems`) and "hard" (the extra hard problems that
+    follow it, `train.hard_eval_problems`; mas_lab/training/evaluation.py). One read of the store."""
     store = run._store()
     try:
         steps = store.episode_steps("eval")
@@ -242,7 +239,16 @@ def final_outcomes(run: RunData, split: str = "main") -> dict[str, bool]:
     finally:
         store.close()
     n = int((run.task.get("train") or {}).get("eval_problems") or len(found))
-    return dict(found if split == "all" else found[:n] if split == "main" else found[n:])
+    return {"main": dict(found[:n]), "hard": dict(found[n:])}
+
+
+def final_outcomes(run: RunData, split: str = "main") -> dict[str, bool]:
+    """final_splits' `split`: "main", "hard" or "all" (both). Two runs are compared split by split:
+    pooling them would weigh a split by how many problems each has."""
+    if split not in ("main", "hard", "all"):
+        raise ValueError(f"split: 'main', 'hard' or 'all', not {split!r}")
+    splits = final_splits(run)
+    return {**splits["main"], **splits["hard"]} if split == "all" else splits[split]
 
 
 def paired_runs(runs_a, runs_b, split: str = "main"):

@@ -357,13 +357,13 @@ def test_the_hard_split_gets_its_own_paired_verdicts_and_a_pair_of_regimes_is_co
     A solves m1 and h2, B solves m1, m2 and h1)."""
     from mas_lab.study.report import hard_outcomes, orderings
 
-    by_seed = {0: {"": {"h1": False, "h2": False}, "one move (no model)": {"h1": True, "h2": False}}}
+    ids, rules = {0: {"h1", "h2"}}, {"one move (no model)": {0: {"h1": True, "h2": False}}}
     rows = {"A": {}, "B": {}, "one move (no model)": {}}
     read = {
         "A": {0: {"m1": True, "m2": False, "h1": False, "h2": True}},
         "B": {0: {"m1": True, "m2": True, "h1": True}},
     }
-    hard = hard_outcomes(rows, by_seed, read)
+    hard = hard_outcomes(rows, ids, rules, read)
     assert hard == {
         "A": {0: {"h1": False, "h2": True}},
         "B": {0: {"h1": True}},
@@ -392,8 +392,8 @@ def test_the_kept_paper_rules_runs_pair_on_each_split_as_sqlite_counts_them():
     assert len(main[team][0]) == 64 and sum(main[team][0].values()) == 63 and sum(main[single][0].values()) == 59
     _, lines = orderings([single, team], main)
     assert lines[2].startswith(f"| {single} | {team} | 1/5 | 0.219 |")
-    hard_rows, by_seed = hard_split(runs, family)
-    hard = hard_outcomes(hard_rows, by_seed, read)
+    hard_rows, ids, rules = hard_split(runs, family)
+    hard = hard_outcomes(hard_rows, ids, rules, read)
     assert len(hard[team][0]) == 64 and sum(hard[team][0].values()) == 63 and sum(hard[single][0].values()) == 51
     claimed, lines = orderings([single, team], hard)
     assert lines[2].startswith(f"| {single} | {team} | 1/13 | 0.00183 |")

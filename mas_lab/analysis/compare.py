@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from mas_lab.analysis.paired import compare_paired, on_common_problems
 from mas_lab.analysis.reporting import update_diagnostics, wilson_interval
 from mas_lab.config import TaskConfig, flat_params, stored_task_data
-from mas_lab.notebook import RunData, final_outcomes, load_run, load_study
+from mas_lab.notebook import RunData, final_splits, load_run, load_study
 from mas_lab.study.spec import read_kept_json
 from mas_lab.training.metric_names import EVAL_SUCCESS
 
@@ -34,6 +35,11 @@ class Compared:
     label: str
     name: str
     run: RunData
+
+    @cached_property
+    def finals(self) -> dict[str, dict[str, bool]]:
+        """The final evaluation's outcome per problem, per split (notebook.final_splits), read once."""
+        return final_splits(self.run)
 
 
 def gather(
@@ -209,9 +215,9 @@ def table(runs: list[Compared]) -> list[str]:
     finals: dict[str, list[tuple[int, int]]] = {}
     hard: dict[str, list[tuple[int, int]]] = {}
     for r in runs:
-        if main := final_outcomes(r.run, "main"):
+        if main := r.finals["main"]:
             finals.setdefault(r.label, []).append((sum(main.values()), len(main)))
-        if extra := final_outcomes(r.run, "hard"):
+        if extra := r.finals["hard"]:
             hard.setdefault(r.label, []).append((sum(extra.values()), len(extra)))
 
     def pooled(counts: list[tuple[int, int]]) -> str:
@@ -232,14 +238,14 @@ def table(runs: list[Compared]) -> list[str]:
 
 def paired_table(runs: list[Compared], split: str = "main") -> list[str]:
     """Every pair of labels, paired on the same held-out problems seed by seed (the run of each label
-    with that `train.seed`; mas_lab/analysis/paired.py), on one split (notebook.final_outcomes: the
-    main evaluation set, or the hard split): discordant counts per seed, the exact p-value, the
+    with that `train.seed`; mas_lab/analysis/paired.py), on one split (notebook.final_splits: the
+    main evaluation set, or the hard split; Compared.finals): discordant counts per seed, the exact p-value, the
     difference with its interval and the verdict in the paired test's words. Empty for one label,
     and for a split no two labels evaluated."""
     by_label: dict[str, dict[int, dict[str, bool]]] = {}
     for r in runs:
         seed = int((r.run.task.get("train") or {}).get("seed", 0))
-        if found := final_outcomes(r.run, split):
+        if found := r.finals[split]:
             by_label.setdefault(r.label, {}).setdefault(seed, found)
     labels = list(by_label)
     lines = [

@@ -155,21 +155,23 @@ def rule_baselines(task_file: str, seeds: list[int], root: Path = families.ROOT)
     return rows
 
 
-def hard_split(results: list[dict], family: Family) -> tuple[dict[str, dict], dict[int, dict[str, dict]]]:
+def hard_split(
+    results: list[dict], family: Family
+) -> tuple[dict[str, dict], dict[int, set[str]], dict[str, dict[int, dict]]]:
     """The hard split (held-out problems the either-order reading rule does not solve: a detour is
-    needed), where the runs evaluated one: each trained regime's final success there from its
-    summary, pooled over seeds, and each rule replayed without a model on the same problems; with,
-    per seed, each rule's outcome by problem id ({seed: {row: {problem id: solved}}}), for the
-    paired verdicts. Empty when no run has one, and when the task evaluates no separate hard split
-    (`train.hard_eval_problems: 0`): its runs then report the few detour problems inside the main
-    set (6 of 192 over the Plan-Path letters seeds), which the either-order row counts ("N problems
-    need a detour") and which are too few for a table of their own."""
+    needed), where the runs evaluated one: its table's rows (each trained regime's final success
+    there from its summary, pooled over seeds, and each rule replayed without a model on the same
+    problems), each seed's hard problem ids, and each rule's outcome by problem id ({row: {seed:
+    {problem id: solved}}}), for the paired verdicts. Empty when no run has one, and when the task
+    evaluates no separate hard split (`train.hard_eval_problems: 0`): its runs then report the few
+    detour problems inside the main set (6 of 192 over the Plan-Path letters seeds), which the
+    either-order row counts ("N problems need a detour") and which are too few for a table of their own."""
     with_hard = [r for r in results if (r["summary"].get("hard_after") or {}).get("problems")]
     if not with_hard:
-        return {}, {}
+        return {}, {}, {}
     task = load_task(Path(family.root) / with_hard[0]["task"])
     if not task.train.hard_eval_problems:
-        return {}, {}
+        return {}, {}, {}
     rows: dict[str, dict] = {}
     for name in family.names:
         runs = [r for r in with_hard if r["regime"] == name]
@@ -180,7 +182,8 @@ def hard_split(results: list[dict], family: Family) -> tuple[dict[str, dict], di
     params = env_cls.Params.coerce(task.env.params)
     helper = getattr(params, "tool_helper", "none") != "none"
     shown = {name: label for name, label in RULE_ROWS.items() if name not in HELPER_ROWS or helper}
-    by_seed: dict[int, dict[str, dict]] = {}
+    ids: dict[int, set[str]] = {}
+    rules: dict[str, dict[int, dict]] = {}
     for seed in sorted({r["seed"] for r in with_hard}):  # the extra hard problems the runs evaluated
         pool = ProblemPool(
             env_cls,
@@ -190,21 +193,21 @@ def hard_split(results: list[dict], family: Family) -> tuple[dict[str, dict], di
             hard_size=task.train.hard_eval_problems,
             hard=functools.partial(is_hard, env_cls, params, max_turns=answer_turns(task)),
         )
+        ids[seed] = {p.id for p in pool.hard_set}
         found = rule_results(env_cls, params, pool.hard_set, answer_turns(task))
-        by_seed[seed] = {"": {p.id: False for p in pool.hard_set}}  # "": the split's problem ids
         for name, label in shown.items():
             if found is not None and found.solved.get(name):
-                by_seed[seed][label] = {p.id: s for p, s in zip(pool.hard_set, found.solved[name])}
-    for label in dict.fromkeys(label for rules in by_seed.values() for label in rules if label):
-        per_seed = [(seed, sum(r[label].values()) / len(r[label]), len(r[label])) for seed, r in by_seed.items()]
+                rules.setdefault(label, {})[seed] = {p.id: s for p, s in zip(pool.hard_set, found.solved[name])}
+    for label, by_seed in rules.items():
+        per_seed = [(seed, sum(solved.values()) / len(solved), len(solved)) for seed, solved in by_seed.items()]
         rows[label] = {**cell(per_seed), "runs": []}
-    return rows, by_seed
+    return rows, ids, rules
 
 
 def hard_table(results: list[dict], family: Family) -> list[str]:
     """The hard split's table (hard_split): each trained regime beside the rules on the same
     problems; empty where the task has no separate hard split."""
-    rows, _ = hard_split(results, family)
+    rows, _, _ = hard_split(results, family)
     if not rows:
         return []
     lines = ["| on the hard split | held-out success, pooled [95% interval] | per seed |", "|---|---|---|"]
@@ -217,19 +220,16 @@ def hard_table(results: list[dict], family: Family) -> list[str]:
 
 
 def hard_outcomes(
-    rows: dict[str, dict], by_seed: dict[int, dict[str, dict]], read: dict[str, dict[int, dict]]
+    rows: dict[str, dict], ids: dict[int, set[str]], rules: dict[str, dict[int, dict]], read: dict[str, dict[int, dict]]
 ) -> dict[str, dict[int, dict]]:
-    """The hard split's outcomes by problem id ({row: {seed: {problem id: solved}}}): a trained
-    regime's from its final evaluation (`read`, every evaluated problem) restricted to that seed's
-    hard problems, a rule's as replayed by hard_split."""
-    out: dict[str, dict[int, dict]] = {}
-    for seed, found in by_seed.items():
-        ids = found[""]
-        for name in rows:
-            if name in found:
-                out.setdefault(name, {})[seed] = found[name]
-            elif seed in read.get(name, {}):
-                out.setdefault(name, {})[seed] = {i: s for i, s in read[name][seed].items() if i in ids}
+    """The hard split's outcomes by problem id ({row: {seed: {problem id: solved}}}): a regime row's
+    from its final evaluation (`read`, every evaluated problem) restricted to that seed's hard
+    problems (`ids`), a rule's as hard_split replayed it (`rules`)."""
+    out = dict(rules)
+    for name in rows:
+        for seed, found in read.get(name, {}).items():
+            if seed in ids:
+                out.setdefault(name, {})[seed] = {i: s for i, s in found.items() if i in ids[seed]}
     return out
 
 
@@ -481,6 +481,19 @@ def starts_line(results: list[dict]) -> str:
 SPIKE = 3.0  # a gradient-norm spike: a step whose norm exceeds SPIKE times its run's median
 
 
+def kept_metrics(result: dict) -> dict[int, dict[str, float]]:
+    """A kept run's metrics by step (RunStore.metrics), unpacked once per report process: the
+    report's update and spike lines both read them."""
+    store = Path(result["store"])
+    return _metrics_of(str(store), store.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _metrics_of(store: str, mtime_ns: int) -> dict[int, dict[str, float]]:  # mtime: a store replaced is read again
+    with kept_store({"store": store}) as opened:
+        return opened.metrics()
+
+
 def grad_spikes(results: list[dict]) -> list[str]:
     """Per regime, the steps whose gradient norm (of any policy, `grad_norm/<policy>`) exceeded
     SPIKE times the median of that policy's nonzero norms in its run, summed over its seeds, and the
@@ -494,9 +507,9 @@ def grad_spikes(results: list[dict]) -> list[str]:
         spikes, worst = 0, 0.0
         at_spikes: list[float] = []  # samples trained at the spike steps
         elsewhere: list[float] = []
-        with kept_store(r) as store:
-            keys = [k for k in store.metric_keys() if k.startswith(("grad_norm/", "samples/"))]
-            series = {key: store.series(key) for key in keys}
+        metrics = kept_metrics(r)
+        keys = sorted({k for m in metrics.values() for k in m if k.startswith(("grad_norm/", "samples/"))})
+        series = {key: [(step, m[key]) for step, m in metrics.items() if key in m] for key in keys}
         for key, points in series.items():
             norms = [(step, v) for step, v in points if v > 0] if key.startswith("grad_norm/") else []
             if len(norms) < 3:
@@ -529,8 +542,7 @@ def update_lines(results: list[dict]) -> list[str]:
     Runs from before the store recorded the clip are left out."""
     by_regime: dict[str, list[str]] = {}
     for r in sorted(results, key=lambda r: r["seed"]):
-        with kept_store(r) as store:
-            found = update_diagnostics(store.metrics())
+        found = update_diagnostics(kept_metrics(r))
         for policy, d in found.items():
             by_regime.setdefault(r["regime"], []).append(
                 f"seed {r['seed']} {policy} {d['clip_bound_share']:.0%} "
@@ -576,8 +588,8 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     read = run_outcomes(rows)
     found = outcomes(rows, results[0]["task"], Path(family.root), read)
     claimed, pair_lines = orderings([n for n in rows if rows[n]["trained"]], found)
-    hard_rows, hard_seeds = hard_split(results, family)
-    hard_found = hard_outcomes(hard_rows, hard_seeds, read)
+    hard_rows, hard_ids, hard_rules = hard_split(results, family)
+    hard_found = hard_outcomes(hard_rows, hard_ids, hard_rules, read)
     hard_claimed, hard_pairs = orderings([n for n in hard_rows if n in family.names], hard_found)
     swaps = swap_lines(results)
     cpu_h = sum(r["cpu_s"] for r in results) / 3600

@@ -270,9 +270,7 @@ class Trainer:
             except checkpoint.CheckpointError as exc:  # a damaged entry: train the warm-up again
                 self.store.event(0, "warmup", f"shared warm-up {found} not used: {exc}")
                 continue
-            self.backend.load_policies(found / "policies", 0)
-            checkpoint.restore_driver_rng(found)
-            self.cursor, self.stage, self.stage_started = state["cursor"], state["stage"], state["stage_started"]
+            self._load(found, state)
             for message in state["events"]:
                 self.store.event(0, "warmup", message)
             self.store.event(0, "warmup", f"format warm-up taken from {entry} (the same warm-up inputs and code)")
@@ -280,9 +278,7 @@ class Trainer:
         format_warm_up(self.task, self.backend, self.store, self.next_problems, self.train_pool.make)
         state = {
             "step": 0,
-            "cursor": self.cursor,
-            "stage": self.stage,
-            "stage_started": self.stage_started,
+            **self._position(),
             "task": self.task.model_dump(mode="json"),
             "events": [e["message"] for e in self.store.events() if e["kind"] == "warmup"],
         }
@@ -404,9 +400,7 @@ class Trainer:
         self._collect_checkpoint(wait=True)  # one checkpoint in flight at a time
         state = {
             "step": step,
-            "cursor": self.cursor,
-            "stage": self.stage,
-            "stage_started": self.stage_started,
+            **self._position(),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
             "task": self.task.model_dump(mode="json"),
             "store": self.store.digest(step),
@@ -451,12 +445,22 @@ class Trainer:
     def restore(self, path: Path) -> dict:
         """Continue from a verified checkpoint: weights, optimizers, RNGs, cursor, step."""
         state = checkpoint.verify(path)
-        self.backend.load_policies(path / "policies", state["step"])
-        checkpoint.restore_driver_rng(path)
-        self.step, self.cursor, self.last_checkpoint = state["step"], state["cursor"], state["step"]
-        # checkpoints from before the curriculum have no stage: the task's own problems
-        self.stage = state.get("stage", len(self.task.train.curriculum))
-        self.stage_started = state.get("stage_started", 0)
+        self._load(path, state)
+        self.step, self.last_checkpoint = state["step"], state["step"]
         if (path / PREFETCHED).is_file():  # written by this run's own checkpoint, verified against its manifest
             self.prefetched = pickle.loads((path / PREFETCHED).read_bytes())
         return state
+
+    def _load(self, path: Path, state: dict) -> None:
+        """The policies (weights, optimizers), the driver's RNGs and the problems' position
+        (_position) of a verified checkpoint folder: a resume's and a shared warm-up's."""
+        self.backend.load_policies(path / "policies", state["step"])
+        checkpoint.restore_driver_rng(path)
+        self.cursor = state["cursor"]
+        # checkpoints from before the curriculum have no stage: the task's own problems
+        self.stage = state.get("stage", len(self.task.train.curriculum))
+        self.stage_started = state.get("stage_started", 0)
+
+    def _position(self) -> dict:
+        """Where the training problems stand, as a checkpoint records it."""
+        return {"cursor": self.cursor, "stage": self.stage, "stage_started": self.stage_started}
