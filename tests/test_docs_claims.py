@@ -18,6 +18,15 @@ FORBIDDEN = [
     (re.compile(r"\bend\s+level\b", re.I), "'end level': give the paired counts"),
     (re.compile(r"\bnot\s+better\s+than\b[^.]{0,80}intervals\s+overlap", re.I), "an ordering read off intervals"),
     (re.compile(r"\blearns?\s+as\s+well\s+as\b", re.I), "'learns as well as': give the paired counts"),
+    # an ordering against a rule's count with no paired counts beside it ("below the constant answer's 10/64")
+    (
+        re.compile(
+            r"\b(above|below)\s+(the\s+|its\s+)?(best\s+)?(constant\s+answer|[\w-]+\s+rule|BFS\s+optimum)'s\s+"
+            r"[\d.]+(/\d+)?(?![\d/]|\.\d)(?!\s*\((n=|\d+/\d+|discordant|paired))",
+            re.I,
+        ),
+        "an ordering read off two counts: give the paired test (discordant a/b)",
+    ),
 ]
 
 
@@ -34,6 +43,12 @@ def forbidden_phrases(text: str) -> list[str]:
         ("the two regimes end level: pooled 0.68 and 0.65", 1),
         ("the team is not better than one agent (the intervals overlap)", 1),
         ("one full model per role learns as well as one shared model", 1),
+        ("both end at 5/64, below the constant answer's 10/64.", 1),
+        ('1/64, below the best constant answer\'s 7/64 ("Answer: 19")', 1),
+        ("45/64, above the rows-first rule's 40/64.", 1),
+        ("5/64, below the constant answer's 10/64 (discordant 0/5, p = 0.06)", 0),
+        ("5/64; against the constant answer's 10/64 not distinguishable (5/10)", 0),
+        ("0.172, below the constant answer's 0.266. Its team", 1),
         ("not distinguishable (n=64, discordant 5/1, exact McNemar p=0.22)", 0),
         ("trajectory-level GRPO, the top-level module, turn-level groups", 0),
     ],
