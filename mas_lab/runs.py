@@ -159,6 +159,9 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
 # change, as the other settings may: each change is an MLflow tag of the run). The AdamW
 # implementation stays: fused and foreach differ by float rounding, so a switch would not continue exactly;
 # so does the overlap (a checkpoint taken with a rollout already made holds it for the next step).
+# A policy's dtype may change only where it resolves as before: `auto` resolves by the machine (bf16
+# where the CPU or GPU has it natively), so the actors' resolved dtypes are checked when they report
+# (_check_precision): a run trained in float32 continues in float32, or refuses.
 FIXED_ON_RESUME = ("env.name", "roles[].name", "roles[].policy", "policies", "algorithm.adamw", "algorithm.overlap")
 
 
@@ -206,7 +209,7 @@ def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], 
     task = load(source, overrides, stored=task_file is None)
     before = TaskConfig.model_validate(stored_task_data(saved["task"]))
     for key in FIXED_ON_RESUME:
-        a, b = _get(before.model_dump(mode="json"), key), _get(task.model_dump(mode="json"), key)
+        a, b = _get(_fixed_part(before), key), _get(_fixed_part(task), key)
         if a != b:
             raise RunError(
                 f"{source}: does not match the checkpoint {last}: field '{key}' was {json.dumps(a)}, "
@@ -280,6 +283,48 @@ def _check_cluster(task: TaskConfig) -> None:
             raise RunError(f"resources.ray_address: {problem}")
 
 
+def _fixed_part(task: TaskConfig) -> dict:
+    """The task as FIXED_ON_RESUME compares it: the policies without their dtype (checked as
+    resolved, once the actors report it: _check_precision)."""
+    data = task.model_dump(mode="json")
+    for policy in data["policies"].values():
+        policy.pop("dtype", None)
+    return data
+
+
+def _check_precision(run: Run, reports: dict[str, dict]) -> None:
+    """A resume refuses to go on in another floating-point type than the run trained in: `dtype:
+    auto` resolves by the machine (mas_lab/modeling/precision.py), so a run started where bf16 is not
+    native and resumed where it is would switch from float32 to bf16 autocast mid-run, silently. The
+    earlier process's resolved dtypes are its last `precision` event (events survive the rollback)."""
+    earlier: dict[str, dict] = {}
+    for event in run.store.events():
+        if event["kind"] == "precision" and event["message"].startswith("actor dtypes: "):
+            try:
+                earlier = json.loads(event["message"].removeprefix("actor dtypes: "))
+            except json.JSONDecodeError:
+                continue
+    changed = {
+        actor: (str(earlier[actor].get("dtype")), str(report["dtype"]))
+        for actor, report in reports.items()
+        if actor in earlier and earlier[actor].get("dtype") != report["dtype"]
+    }
+    if not changed:
+        return
+    said = ", ".join(f"{actor} {was} -> {now}" for actor, (was, now) in sorted(changed.items()))
+    trained = {was for was, _ in changed.values()}
+    hint = (
+        " ".join(f"--set policies.{name}.dtype={next(iter(trained))}" for name in run.task.policies)
+        if len(trained) == 1
+        else "each policy's dtype as it trained"
+    )
+    raise RunError(
+        f"{run.run_dir}: the run would not continue exactly: its actors resolve another dtype than the run "
+        f"trained in ({said}; `dtype: auto` resolves by the machine). Continue in the dtype it trained in: "
+        f"mas-lab run --resume {run.run_dir} {hint}"
+    )
+
+
 def _get(data: dict, dotted: str):
     """The value at a dotted key; `list[].field` is that field of every item of the list."""
     head, _, rest = dotted.partition("[].")
@@ -321,7 +366,10 @@ def train(
                     run.store.event(state["step"], "resume", f"resumed from {run.resume_from.name}")
                     tell(ProgressEvent(f"resumed from {run.resume_from.name}", state["step"]))
                 run.store.event(trainer.step, "placement", "actors on nodes: " + json.dumps(backend.placement()))
-                dtypes = _record_precision(run, trainer.step, backend.precision(), tell)
+                reports = backend.precision()
+                if run.resume_from is not None:
+                    _check_precision(run, reports)
+                dtypes = _record_precision(run, trainer.step, reports, tell)
                 _stop_on_signals(trainer, on_signal)
                 summary = {**trainer.run(progress), "precision": dtypes, "code": run.store.meta().get("code", [])}
                 break

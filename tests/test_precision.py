@@ -152,3 +152,36 @@ def test_a_run_warns_where_float32_was_asked_on_a_cpu_with_native_bf16(tmp_path)
     runs._record_precision(Opened, 0, reports, lambda event: said.append(event.phase))
     assert len(said) == 1 and "float32 where this machine computes bfloat16 natively" in said[0]
     assert "learner full:shared" in said[0] and "other" not in said[0]
+
+
+@pytest.mark.integration
+def test_a_resume_on_a_machine_that_resolves_auto_otherwise_refuses_and_continues_in_the_trained_dtype(tmp_path, cpu):
+    """`dtype: auto` resolves by the machine: a run that trained in float32 (no native bf16) and is
+    resumed where bf16 is native would switch to bf16 autocast mid-run. It refuses with the way on
+    (runs._check_precision), trains nothing, and continues once the dtype it trained in is named."""
+    cpu(NO_BF16)
+    overrides = ["policies.shared.dtype=auto", "train.steps=1", "train.eval_every=0", "checkpoint.every=1"]
+    overrides.append("checkpoint.background=false")
+    overrides.append(f"tracking.mlflow_uri=sqlite:///{tmp_path / 'mlruns.db'}")
+    task = load_task(ROOT / "tasks" / "toy.yaml", overrides)
+    run = runs.new_run(task, ROOT / "tasks" / "toy.yaml", tmp_path / "run")
+    assert set(runs.train(run, use_ray=False)["precision"].values()) == {"float32"}
+    run.store.close()
+    runs.release_lock(run.run_dir)
+
+    cpu(BF16)
+    again = runs.resume(run.run_dir, None, ["train.steps=2"])
+    with pytest.raises(runs.RunError) as refused:
+        runs.train(again, use_ray=False)
+    runs.release_lock(again.run_dir)
+    said = str(refused.value)
+    assert "float32 -> bfloat16" in said and "--set policies.shared.dtype=float32" in said, said
+    assert again.store.rows("SELECT MAX(step) AS last FROM steps")[0]["last"] == 1  # nothing trained
+    again.store.close()
+
+    # auto -> float32 is not a change of policy where auto trained in float32: allowed, and it goes on
+    onward = runs.resume(run.run_dir, None, ["train.steps=2", "policies.shared.dtype=float32"])
+    summary = runs.train(onward, use_ray=False)
+    assert set(summary["precision"].values()) == {"float32"}
+    assert onward.store.rows("SELECT MAX(step) AS last FROM steps")[0]["last"] == 2
+    onward.store.close()
