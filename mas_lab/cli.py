@@ -47,6 +47,7 @@ from mas_lab.records.store import RunStore, StoreError
 from mas_lab.records.tracking import rebuild, resolve_uri
 from mas_lab.study.driver import run_study, summary_rows
 from mas_lab.study.driver import study_status as read_study_status
+from mas_lab.study.precision import MixedPrecision
 from mas_lab.study.reuse import ReuseError
 from mas_lab.study.spec import DamagedStudyFile, StudyFileError, load_study
 from mas_lab.training.baselines import RULE_LABELS
@@ -842,7 +843,7 @@ def study_run(
             extra=list(set_ or []),
             report_only=report_only,
         )
-    except ReuseError as exc:
+    except (ReuseError, MixedPrecision) as exc:
         _fail(f"{study_file}: {exc}")
     except DamagedStudyFile as exc:
         _fail(str(exc))

@@ -579,3 +579,37 @@ def test_a_damaged_kept_file_is_one_line_in_status_report_and_compare(tmp_path, 
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert f"{name}: damaged, not JSON" in result.output and "Traceback" not in result.output
+
+
+def test_a_cell_that_would_compute_in_another_dtype_than_the_kept_runs_is_refused(tmp_path, toy_run, monkeypatch):
+    """One precision a table (mas_lab/study/precision.py): `dtype: auto` resolves by the machine, so
+    the next seed of a family kept in float32 would be bf16 where bf16 is native. Refused before
+    anything trains, naming the override that keeps the table in one dtype; that override, or a
+    machine that resolves as the kept runs did, goes on."""
+    from mas_lab.modeling import precision
+    from mas_lab.study.families import slug
+    from mas_lab.study.precision import MixedPrecision, check
+    from mas_lab.study.runner import keep
+
+    path = _toy_study(tmp_path, seeds=[0, 1], set=["train.steps=3", "train.eval_every=2", "policies.shared.dtype=auto"])
+    families = load_study(path)
+    _, run_dir, summary = toy_run
+    kept = {"regime": "MAS + AT-GRPO", "seed": 0, "task": str(ROOT / "tasks" / "toy.yaml"), "overrides": []}
+    kept |= {"run_dir": str(run_dir), "wall_s": 7.0, "cpu_s": 9.0, "attempts": 1, "summary": summary}
+    keep(kept, families[0].archive_dir)  # the toy run computed in float32 (its task says so)
+    assert set(summary["precision"].values()) == {"float32"}
+    todo = cells(families, [1], ["MAS + AT-GRPO"])
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    with pytest.raises(MixedPrecision) as refused:
+        check(todo, [])
+    said = str(refused.value)
+    assert "seed 1 would compute in bfloat16" in said and "computed in float32" in said, said
+    assert "--set policies.shared.dtype=float32" in said
+    check(todo, ["policies.shared.dtype=float32"])  # named: one dtype
+    result = CliRunner().invoke(app, ["study", "run", str(path), "--only", "MAS + AT-GRPO", "--seeds", "1"])
+    assert result.exit_code == 2 and "would compute in bfloat16" in result.output
+    assert not (Path(families[0].out) / slug("MAS + AT-GRPO") / "seed-1").exists()  # nothing trained
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
+    check(todo, [])  # auto resolves to float32 here, as the kept run did

@@ -22,6 +22,7 @@ from mas_lab.records.control import lock_held
 from mas_lab.records.store import RunStore
 from mas_lab.records.tracking import Tracker
 from mas_lab.study.families import Cell, Family, archive_folder, cells
+from mas_lab.study.precision import check as check_precision
 from mas_lab.study.report import report
 from mas_lab.study.reuse import take_all
 from mas_lab.study.runner import STORE, complete, run_regime
@@ -97,9 +98,11 @@ def run_study(
     extra = list(extra or [])
     for taken in take_all(families, seeds, only, extra):  # checked first: a ReuseError writes nothing
         log(f"[study] {taken['regime']} seed {taken['seed']}: the same run kept in {taken['reused_from']}, taken")
+    todo = [c for c in cells(families, seeds, only) if not c.kept]
+    if todo and not report_only and not address:
+        check_precision(todo, extra)  # one dtype a table: raises MixedPrecision before anything trains
     for family in families:
         Path(family.out).mkdir(parents=True, exist_ok=True)
-    todo = [c for c in cells(families, seeds, only) if not c.kept]
     lock = threading.Lock()
 
     def finished(family: Family) -> None:
