@@ -31,6 +31,7 @@ from mas_lab.training.baselines import (
     rule_results,
     task_baseline,
 )
+from mas_lab.training.metric_names import DISTINCT_ANSWERS
 
 
 def cell(rates: list[tuple[int, float, int]]) -> dict:
@@ -551,6 +552,19 @@ def update_lines(results: list[dict]) -> list[str]:
     return [f"{name}: {', '.join(parts)}" for name, parts in by_regime.items()]
 
 
+def answers_lines(results: list[dict]) -> list[str]:
+    """Per regime and seed, how many different first answers the team gave over the held-out problems
+    at each evaluation (`eval/distinct_answers`, training/evaluation.py), as step:count: 1 is one
+    reply to every problem, a collapsed policy; which arms leave it, and when, is read here."""
+    by_regime: dict[str, list[str]] = {}
+    for r in sorted(results, key=lambda r: r["seed"]):
+        counts = [(step, m[DISTINCT_ANSWERS]) for step, m in sorted(kept_metrics(r).items()) if DISTINCT_ANSWERS in m]
+        if counts:
+            shown = ", ".join(f"{step}:{count:.0f}" for step, count in counts)
+            by_regime.setdefault(r["regime"], []).append(f"seed {r['seed']} {shown}")
+    return [f"{name}: {'; '.join(parts)}" for name, parts in by_regime.items()]
+
+
 def report(family: Family, results: list[dict], out: Path) -> None:
     """Write the family's results.json and, where the study names them, its curves and its section
     of the Markdown report; a section whose runs are not kept any more says so."""
@@ -674,6 +688,12 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         text += [
             "What the updates did (the share of optimizer steps whose gradient-norm clip bound; the median "
             "gradient norm before -> after the clip): " + "; ".join(updates) + ".",
+            "",
+        ]
+    if answers := answers_lines(results):
+        text += [
+            "Different first answers over the held-out problems at each evaluation (step:count; 1 is one reply "
+            "to every problem): " + " | ".join(answers) + ".",
             "",
         ]
     if spikes := grad_spikes(results):
