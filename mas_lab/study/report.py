@@ -693,7 +693,9 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     if answers := answers_lines(results):
         text += [
             "Different first answers over the held-out problems at each evaluation (step:count; 1 is one reply "
-            "to every problem): " + " | ".join(answers) + ".",
+            "to every problem; a single agent whose first reply is a program counts its programs): "
+            + " | ".join(answers)
+            + ".",
             "",
         ]
     if spikes := grad_spikes(results):
