@@ -283,6 +283,9 @@ def _check_cluster(task: TaskConfig) -> None:
             raise RunError(f"resources.ray_address: {problem}")
 
 
+PRECISION_EVENT = "actor dtypes: "  # a `precision` event's message: this prefix, then each actor's report as JSON
+
+
 def _fixed_part(task: TaskConfig) -> dict:
     """The task as FIXED_ON_RESUME compares it: the policies without their dtype (checked as
     resolved, once the actors report it: _check_precision)."""
@@ -299,9 +302,9 @@ def _check_precision(run: Run, reports: dict[str, dict]) -> None:
     earlier process's resolved dtypes are its last `precision` event (events survive the rollback)."""
     earlier: dict[str, dict] = {}
     for event in run.store.events():
-        if event["kind"] == "precision" and event["message"].startswith("actor dtypes: "):
+        if event["kind"] == "precision" and event["message"].startswith(PRECISION_EVENT):
             try:
-                earlier = json.loads(event["message"].removeprefix("actor dtypes: "))
+                earlier = json.loads(event["message"].removeprefix(PRECISION_EVENT))
             except json.JSONDecodeError:
                 continue
     changed = {
@@ -425,7 +428,7 @@ def _log_charts(run: Run) -> None:
 def _record_precision(run: Run, step: int, reports: dict[str, dict], tell) -> dict[str, str]:
     """Store each actor's resolved dtype (an event); where bf16 is emulated, say so to the user:
     it is tens of times slower than float32 there (mas_lab/modeling/precision.py). Actor -> dtype."""
-    run.store.event(step, "precision", "actor dtypes: " + json.dumps(reports))
+    run.store.event(step, "precision", PRECISION_EVENT + json.dumps(reports))
     emulated = sorted(actor for actor, r in reports.items() if r["emulated_bf16"])
     if emulated:
         message = (

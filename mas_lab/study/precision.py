@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mas_lab.config import load_task
+from mas_lab.config import TaskConfig, load_task
 from mas_lab.modeling.precision import resolve
 from mas_lab.study.families import Cell
 from mas_lab.study.report import run_dtype
@@ -25,12 +25,17 @@ class MixedPrecision(ValueError):
     """A cell would compute in another dtype than its family's kept runs; the message says how to go on."""
 
 
-def cell_dtype(cell: Cell, extra: list[str]) -> str:
-    """The dtype(s) a cell's run computes in on this machine, as the kept runs' summaries name them
+def cell_task(cell: Cell, extra: list[str]) -> TaskConfig:
+    """The task a cell's run resolves to: its regime's task file under the study's, the regime's
+    and this call's overrides."""
+    task_file, overrides = cell.family.regimes[cell.regime]
+    return load_task(Path(cell.family.root) / task_file, [*cell.family.common, *overrides, *extra])
+
+
+def task_dtype(task: TaskConfig) -> str:
+    """The dtype(s) a task's run computes in on this machine, as the kept runs' summaries name them
     ("float32", "bfloat16", or both joined by "+"): its policies' dtypes resolved where the learner
     runs (a GPU where `resources.learner_gpus` asks for one, else this CPU)."""
-    task_file, overrides = cell.family.regimes[cell.regime]
-    task = load_task(Path(cell.family.root) / task_file, [*cell.family.common, *overrides, *extra])
     device = "cuda" if task.resources.learner_gpus > 0 else "cpu"
     return "+".join(sorted({resolve(p.dtype, device) for p in task.policies.values()}))
 
@@ -47,11 +52,11 @@ def check(todo: list[Cell], extra: list[str]) -> None:
         if len(kept[family.key]) != 1 or not kept[family.key] <= KNOWN:
             continue  # nothing kept yet, already mixed (the report's precision line says so), or unrecorded
         (theirs,) = kept[family.key]
-        ours = cell_dtype(cell, extra)
+        task = cell_task(cell, extra)
+        ours = task_dtype(task)
         if ours != theirs:
-            policies = load_task(Path(family.root) / family.regimes[cell.regime][0]).policies
             names = (
-                " ".join(f"--set policies.{name}.dtype={theirs}" for name in policies)
+                " ".join(f"--set policies.{name}.dtype={theirs}" for name in task.policies)
                 if "+" not in theirs
                 else "each policy's dtype as in the kept runs' task.yaml"
             )
