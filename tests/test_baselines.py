@@ -74,6 +74,32 @@ def test_an_evaluation_stores_the_constant_baseline_and_how_many_answers_differ(
     assert summary["constant"]["answer"] == best.answer
 
 
+def test_a_single_agent_with_the_tool_counts_its_answers_not_its_programs(tmp_path):
+    """tasks/plan_path_tool_single_tool.yaml: the agent's turn 0 is a program, its first answer
+    comes at turn 1. A different program for every problem followed by one fixed answer is one
+    first answer (before the fix every program counted)."""
+    from conftest import ROOT
+    from fakes import FakeBackend, FakeEngine
+
+    from mas_lab.config import load_task
+    from mas_lab.records.store import RunStore
+    from mas_lab.training.trainer import Trainer
+
+    overrides = ["policies.shared.model=tiny-test", "train.eval_problems=6", "train.hard_eval_problems=0"]
+    task = load_task(ROOT / "tasks" / "plan_path_tool_single_tool.yaml", overrides)
+
+    def reply(c, n, row):
+        asked = engine.calls[-1]["prompts"][row][-1]["content"]
+        return f"```python\nprint({row})\n```" if "Write the Python program" in asked else "Moves: L"
+
+    engine = FakeEngine(reply)
+    trainer = Trainer(task, FakeBackend(engine), RunStore(tmp_path / "run.db"))
+    metrics = trainer.evaluate(0)
+    asked = [m[-1]["content"] for call in engine.calls for m in call["prompts"]]
+    assert sum("Write the Python program" in a for a in asked) >= 6  # six different programs were written
+    assert metrics["eval/distinct_answers"] == 1.0
+
+
 def test_the_reading_baseline_copies_the_letters_the_observation_states():
     import random
 

@@ -378,29 +378,36 @@ def test_the_report_says_which_arms_of_a_seed_began_from_the_same_replies(tmp_pa
 
 
 def test_the_report_counts_each_evaluations_different_first_answers_per_arm(tmp_path, toy_run):
-    """answers_lines: per regime and seed, eval/distinct_answers at each evaluation, read from the
-    kept store; a store made to give one answer everywhere shows 1 (a collapsed policy)."""
+    """answers_lines: per regime and seed, the different first answers at each evaluation, recounted
+    from the kept store's greedy replies by eval/distinct_answers' rule (the toy run's recount equals
+    the metric it stored); a store whose replies are made one text everywhere shows 1 (a collapsed
+    policy), whatever its stored metric says."""
     import lzma
     import sqlite3
 
     from mas_lab.study.report import answers_lines
 
-    def packed(name, count=None):
-        db = tmp_path / f"{name}.db"
+    def packed(name, reply=None):
+        folder = tmp_path / name
+        folder.mkdir()
+        db = folder / "run.db"
         shutil.copyfile(toy_run[1] / "run.db", db)
-        if count is not None:
+        shutil.copyfile(toy_run[1] / "task.yaml", folder / "task.yaml")
+        if reply is not None:
             with sqlite3.connect(db) as conn:
-                conn.execute("UPDATE metrics SET value = ? WHERE key = 'eval/distinct_answers'", (count,))
+                conn.execute("UPDATE candidates SET response = ?", (reply,))
             conn.close()
-        (tmp_path / f"{name}.db.xz").write_bytes(lzma.compress(db.read_bytes()))
-        return str(tmp_path / f"{name}.db.xz")
+        (folder / "run.db.xz").write_bytes(lzma.compress(db.read_bytes()))
+        db.unlink()
+        return str(folder / "run.db.xz")
 
     with sqlite3.connect(toy_run[1] / "run.db") as conn:
         found = conn.execute("SELECT step, value FROM metrics WHERE key = 'eval/distinct_answers' ORDER BY step")
         steps = [(step, int(value)) for step, value in found]
     conn.close()
     assert [s for s, _ in steps] == [0, 2, 3]  # before RL, eval_every 2, the end
-    runs = [{"regime": "A", "seed": 1, "store": packed("a")}, {"regime": "A", "seed": 0, "store": packed("b", 1)}]
+    assert any(v > 1 for _, v in steps)  # the collapsed copy below differs from it
+    runs = [{"regime": "A", "seed": 1, "store": packed("a")}, {"regime": "A", "seed": 0, "store": packed("b", "x")}]
     shown = ", ".join(f"{s}:{v}" for s, v in steps)
     assert answers_lines(runs) == [f"A: seed 0 0:1, 2:1, 3:1; seed 1 {shown}"]
 

@@ -108,6 +108,12 @@ class Env(ABC):
         return cls.roles
 
     @classmethod
+    def answers_at(cls, params: "EnvParams", role: str, turn: int) -> bool:
+        """Whether `role`'s reply at `turn` is an answer (what the team's first answer is read
+        from): by default the replies of `answer_role` and of the single agent."""
+        return role in (cls.answer_role, cls.single_role)
+
+    @classmethod
     def draw_problem(
         cls, rng: random.Random, params: EnvParams | Mapping[str, Any] | None = None, split: str = "train"
     ) -> Problem:

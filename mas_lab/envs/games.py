@@ -178,6 +178,15 @@ class ToolPlannerEnv(Env):
     def workflow_of(cls, params: Any) -> tuple[WorkflowRole, ...]:
         return tuple(params.workflow) if params.workflow is not None else DEFAULT_WORKFLOW
 
+    @classmethod
+    def answers_at(cls, params: Any, role: str, turn: int) -> bool:
+        """The single agent's replies, and a workflow role's at the turns its kind answers (a
+        program_then_answer role's first answer is at turn 1, after its program)."""
+        if role == cls.single_role:
+            return True
+        spec = next((r for r in cls.workflow_of(params) if r.role == role), None)
+        return spec is not None and spec.kind_at(turn) == "answer"
+
     def spec(self, role: str) -> WorkflowRole | None:
         return next((r for r in self.workflow_of(self.params) if r.role == role), None)
 

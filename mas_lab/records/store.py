@@ -416,6 +416,18 @@ class RunStore:
             )
         )
 
+    def chosen_replies(self, step: int, kind: str = "eval") -> list[tuple[int, int, str, str]]:
+        """The chosen candidate's reply of every turn of one step's episodes of `kind`, as (episode,
+        turn, role, response), each episode's turns in the order they were played."""
+        return list(
+            self.db.execute(
+                "SELECT e.idx, t.turn, t.role, c.response FROM episodes e JOIN turns t ON t.episode_id = e.id"
+                " JOIN candidates c ON c.turn_id = t.id AND c.idx = t.chosen WHERE e.step = ? AND e.kind = ?"
+                " ORDER BY e.idx, t.id",
+                (step, kind),
+            )
+        )
+
     def trained_lengths(self) -> list[tuple[int, str, str, str, int, int]]:
         """Every candidate of a kept group of a training step (the samples the learner trained), as
         (step, policy, role, prompt hash, prompt tokens, response tokens)."""

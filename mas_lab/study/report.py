@@ -31,7 +31,7 @@ from mas_lab.training.baselines import (
     rule_results,
     task_baseline,
 )
-from mas_lab.training.metric_names import DISTINCT_ANSWERS
+from mas_lab.training.evaluation import first_answers
 
 
 def cell(rates: list[tuple[int, float, int]]) -> dict:
@@ -554,15 +554,38 @@ def update_lines(results: list[dict]) -> list[str]:
 
 def answers_lines(results: list[dict]) -> list[str]:
     """Per regime and seed, how many different first answers the team gave over the held-out problems
-    at each evaluation (`eval/distinct_answers`, training/evaluation.py), as step:count: 1 is one
-    reply to every problem, a collapsed policy; which arms leave it, and when, is read here."""
+    at each evaluation, as step:count, recounted from the kept store's greedy replies by the rule of
+    `eval/distinct_answers` (training/evaluation.py first_answers: each problem's first reply that is
+    an answer, so a single agent's program is not counted): 1 is one reply to every problem, a
+    collapsed policy; which arms leave it, and when, is read here."""
     by_regime: dict[str, list[str]] = {}
     for r in sorted(results, key=lambda r: r["seed"]):
-        counts = [(step, m[DISTINCT_ANSWERS]) for step, m in sorted(kept_metrics(r).items()) if DISTINCT_ANSWERS in m]
-        if counts:
-            shown = ", ".join(f"{step}:{count:.0f}" for step, count in counts)
+        if counts := kept_answers(r):
+            shown = ", ".join(f"{step}:{count}" for step, count in sorted(counts.items()))
             by_regime.setdefault(r["regime"], []).append(f"seed {r['seed']} {shown}")
     return [f"{name}: {'; '.join(parts)}" for name, parts in by_regime.items()]
+
+
+def kept_answers(result: dict) -> dict[int, int]:
+    """A kept run's count of different first answers on the main held-out problems at each evaluation
+    (its resolved task.yaml beside the store says which episodes are the main set); empty when the
+    run kept no task file."""
+    store = Path(result["store"])
+    return _answers_of(str(store), store.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _answers_of(store: str, mtime_ns: int) -> dict[int, int]:  # mtime: a store replaced is read again
+    task_file = Path(store).parent / "task.yaml"
+    if not task_file.is_file():
+        return {}
+    task = load_task(task_file)
+    main = task.train.eval_problems
+    with kept_store({"store": store}) as opened:
+        return {
+            step: len(first_answers(task, (row for row in opened.chosen_replies(step) if row[0] < main)))
+            for step in opened.episode_steps("eval")
+        }
 
 
 def report(family: Family, results: list[dict], out: Path) -> None:
@@ -693,9 +716,7 @@ def report(family: Family, results: list[dict], out: Path) -> None:
     if answers := answers_lines(results):
         text += [
             "Different first answers over the held-out problems at each evaluation (step:count; 1 is one reply "
-            "to every problem; a single agent whose first reply is a program counts its programs): "
-            + " | ".join(answers)
-            + ".",
+            "to every problem; a single agent's programs are not answers): " + " | ".join(answers) + ".",
             "",
         ]
     if spikes := grad_spikes(results):
