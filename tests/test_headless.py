@@ -25,6 +25,20 @@ def test_importing_every_core_module_loads_no_textual():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_cli_starts_without_torch():
+    """`mas-lab` loads torch and transformers only in the commands that build a model: every other
+    command (status, report, study --report-only, --help) starts without them, and a run under an
+    address-space limit fails where torch loads, as its one-line "ran out of memory" (a report
+    module that imported the evaluation pulled torch into every command)."""
+    code = (
+        "import sys, mas_lab.cli\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'ray', 'vllm') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 def test_the_fake_backend_implements_the_backend_interface():
     from fakes import FakeBackend, FakeEngine
 

@@ -15,7 +15,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import Self
@@ -112,6 +112,21 @@ class Env(ABC):
         """Whether `role`'s reply at `turn` is an answer (what the team's first answer is read
         from): by default the replies of `answer_role` and of the single agent."""
         return role in (cls.answer_role, cls.single_role)
+
+    @classmethod
+    def first_answers(cls, params: "EnvParams", replies: Iterable[tuple[int, int, str, str]]) -> set[str]:
+        """The different first answers among (episode, turn, role, reply) in the order played
+        (`eval/distinct_answers`): each episode's earliest reply that is an answer (answers_at: not a
+        program). 1 means one reply to every problem, a collapsed policy. Where no reply is an answer
+        (the answering role is not among the task's: toy), every turn-0 reply counts."""
+        replies = list(replies)
+        first: dict[int, str] = {}
+        for episode, turn, role, reply in replies:
+            if episode not in first and cls.answers_at(params, role, turn):
+                first[episode] = reply
+        if first:
+            return set(first.values())
+        return {reply for _, turn, _, reply in replies if turn == 0}
 
     @classmethod
     def draw_problem(

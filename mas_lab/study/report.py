@@ -31,7 +31,6 @@ from mas_lab.training.baselines import (
     rule_results,
     task_baseline,
 )
-from mas_lab.training.evaluation import first_answers
 
 
 def cell(rates: list[tuple[int, float, int]]) -> dict:
@@ -555,7 +554,7 @@ def update_lines(results: list[dict]) -> list[str]:
 def answers_lines(results: list[dict]) -> list[str]:
     """Per regime and seed, how many different first answers the team gave over the held-out problems
     at each evaluation, as step:count, recounted from the kept store's greedy replies by the rule of
-    `eval/distinct_answers` (training/evaluation.py first_answers: each problem's first reply that is
+    `eval/distinct_answers` (Env.first_answers: each problem's first reply that is
     an answer, so a single agent's program is not counted): 1 is one reply to every problem, a
     collapsed policy; which arms leave it, and when, is read here."""
     by_regime: dict[str, list[str]] = {}
@@ -580,10 +579,11 @@ def _answers_of(store: str, mtime_ns: int) -> dict[int, int]:  # mtime: a store 
     if not task_file.is_file():
         return {}
     task = load_task(task_file)
-    main = task.train.eval_problems
+    env_cls = ENVS[task.env.name]
+    params, main = env_cls.Params.coerce(task.env.params), task.train.eval_problems
     with kept_store({"store": store}) as opened:
         return {
-            step: len(first_answers(task, (row for row in opened.chosen_replies(step) if row[0] < main)))
+            step: len(env_cls.first_answers(params, (row for row in opened.chosen_replies(step) if row[0] < main)))
             for step in opened.episode_steps("eval")
         }
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Iterable
 
 from mas_lab.analysis.evidence import HeldOut, run_evidence
 from mas_lab.analysis.reporting import (
@@ -55,23 +54,6 @@ from mas_lab.training.metric_names import (
 )
 
 
-def first_answers(task: TaskConfig, replies: Iterable[tuple[int, int, str, str]]) -> set[str]:
-    """The different first answers among (episode, turn, role, reply) in the order played: each
-    episode's earliest reply that is an answer (Env.answers_at: not a program). 1 means one reply to
-    every problem, a collapsed policy. An environment whose answering role is not among the task's
-    (toy) counts every role's turn-0 reply."""
-    env_cls = ENVS[task.env.name]
-    params = env_cls.Params.coerce(task.env.params)
-    replies = list(replies)
-    first: dict[int, str] = {}
-    for episode, turn, role, reply in replies:
-        if episode not in first and env_cls.answers_at(params, role, turn):
-            first[episode] = reply
-    if first:
-        return set(first.values())
-    return {reply for _, turn, _, reply in replies if turn == 0}
-
-
 class Evaluator:
     """A run's held-out evaluation: the problems (the pool's evaluation set and hard split), the
     baselines without a model on them (computed once), and the store the results go to."""
@@ -105,7 +87,9 @@ class Evaluator:
         low, high = wilson_interval(sum(e.success for e in main), len(main))
         metrics[EVAL_CI_LOW], metrics[EVAL_CI_HIGH] = low, high
         played = ((e.index, t.turn, t.role, t.candidates[t.chosen].response) for e in main for t in e.turns)
-        metrics[DISTINCT_ANSWERS] = float(len(first_answers(self.task, played)))
+        env_cls = ENVS[self.task.env.name]
+        answers = env_cls.first_answers(env_cls.Params.coerce(self.task.env.params), played)
+        metrics[DISTINCT_ANSWERS] = float(len(answers))
         constant = self.constant
         if constant is not None:
             metrics[CONSTANT_SUCCESS] = constant.success
