@@ -129,6 +129,11 @@ def run(
             opened = runs.new_run(runs.load(task_file, overrides), task_file, run_dir_option)
     except runs.RunError as exc:
         _fail(str(exc))
+    except MemoryError:  # an address-space or RAM limit before the first step: nothing was kept
+        _fail(
+            "the run ran out of memory while starting (MemoryError); nothing was kept: start it again with more memory",
+            code=1,
+        )
     console.print(
         Text.assemble(
             "run ",

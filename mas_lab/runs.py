@@ -126,6 +126,8 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
             if task.tracking.parent_run:
                 tags["mlflow.parentRunId"] = task.tracking.parent_run
             tracker = Tracker(uri, task.tracking.experiment, run_dir.name, tags=tags)
+        except MemoryError:  # the machine's limit, not the URI's fault: the caller says so
+            raise
         except Exception as exc:
             raise RunError(
                 f"tracking.mlflow_uri '{task.tracking.mlflow_uri}': MLflow cannot use it "

@@ -226,6 +226,22 @@ def test_running_out_of_memory_is_one_line_with_what_to_do(tmp_path, monkeypatch
     assert "Traceback" not in result.output
 
 
+def test_running_out_of_memory_while_opening_mlflow_is_not_called_a_bad_uri(tmp_path, monkeypatch):
+    """A MemoryError while the run opens its MLflow store is the machine's limit: one line, exit 1,
+    no run folder left; the URI is not blamed (it said "MLflow cannot use it", exit 2)."""
+    from mas_lab import runs
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runs, "Tracker", out_of_memory)
+    result = runner.invoke(app, ["run", str(ROOT / "tasks" / "toy.yaml"), "--no-ray", "--run-dir", "runs/r"])
+    assert result.exit_code == 1 and "ran out of memory while starting" in result.output, result.output
+    assert "cannot use it" not in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "runs" / "r").exists()
+
+
 @pytest.mark.integration
 def test_an_address_space_limit_too_small_for_torch_fails_the_run_in_one_line(tmp_path):
     """`prlimit --as` below what torch's library needs: the import failed outside the run's record
