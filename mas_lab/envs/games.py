@@ -184,11 +184,16 @@ class ToolPlannerEnv(Env):
         program_then_answer role's first answer is at turn 1, after its program)."""
         if role == cls.single_role:
             return True
-        spec = next((r for r in cls.workflow_of(params) if r.role == role), None)
+        spec = cls.spec_of(params, role)
         return spec is not None and spec.kind_at(turn) == "answer"
 
+    @classmethod
+    def spec_of(cls, params: Any, role: str) -> WorkflowRole | None:
+        """`role`'s entry in the workflow under `params` (None: not a workflow role)."""
+        return next((r for r in cls.workflow_of(params) if r.role == role), None)
+
     def spec(self, role: str) -> WorkflowRole | None:
-        return next((r for r in self.workflow_of(self.params) if r.role == role), None)
+        return self.spec_of(self.params, role)
 
     @classmethod
     def answer_turns(cls, params: Any, max_turns: int) -> int:
