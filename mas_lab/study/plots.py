@@ -4,33 +4,46 @@ bold, the constant answer's band) and the training reward of each role."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import lzma
 import shutil
 import statistics
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mas_lab.records.store import RunStore
 from mas_lab.training.metric_names import EVAL_SUCCESS
 
-if TYPE_CHECKING:
-    from mas_lab.records.store import RunStore
-
 
 @contextlib.contextmanager
 def kept_store(result: dict) -> Iterator[RunStore]:
-    """The run's kept store (run.db.xz), unpacked into a temporary folder for reading."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "run.db"
-        with lzma.open(result["store"]) as packed, open(path, "wb") as plain:
-            shutil.copyfileobj(packed, plain)
-        store = RunStore(path, create=False)
-        try:
-            yield store
-        finally:
-            store.close()
+    """The run's kept store (run.db.xz), opened for reading from its unpacked copy (_unpacked)."""
+    store = RunStore(_unpacked(str(result["store"]), Path(result["store"]).stat().st_mtime_ns), create=False)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@functools.lru_cache(maxsize=None)
+def _unpacked(packed: str, mtime_ns: int) -> Path:
+    """A kept store unpacked once per process (a report reads each store for its curves, outcomes,
+    starting point and metrics; ~2.5 MB a store); mtime: a store replaced is unpacked again."""
+    path = Path(_folder().name) / f"{next(_NAMES)}.db"
+    with lzma.open(packed) as source, open(path, "wb") as plain:
+        shutil.copyfileobj(source, plain)
+    return path
+
+
+_NAMES = itertools.count()
+
+
+@functools.lru_cache(maxsize=1)
+def _folder() -> tempfile.TemporaryDirectory:
+    """The process's folder of unpacked stores, made at the first store read, removed at exit."""
+    return tempfile.TemporaryDirectory(prefix="mas-lab-kept-")
 
 
 def curves(result: dict) -> dict[str, list[tuple[int, float]]]:
