@@ -64,6 +64,7 @@ from mas_lab.training.metric_names import (
     EVAL_TIME,
     EVAL_TURNS,
     HARD_PROBLEMS,
+    STEP_TIME,
     TIME_KEYS,
 )
 from mas_lab.training.progress import ProgressEvent
@@ -246,7 +247,7 @@ def _again(opened: runs.Run) -> str:
 def _print_summary(opened: runs.Run, summary: dict) -> None:
     task, run_dir, tracker = opened.task, opened.run_dir, opened.tracker
     metrics = opened.store.metrics()
-    train_steps = [m for m in metrics.values() if "time/step" in m]
+    train_steps = [m for m in metrics.values() if STEP_TIME in m]
 
     def mean(key: str) -> float:
         values = [m[key] for m in train_steps if key in m]
@@ -871,14 +872,35 @@ def study_status(
         for row in rows:
             print(json.dumps(row))
         return
-    table = Table("task", "regime", "seed", "status", "step", "held-out", "node")
+    table = Table("task", "regime", "seed", "status", "step", "held-out", "left", "node")
     for row in rows:
         success = "" if row["success"] is None else f"{row['success']:.3f}"
-        step = "" if row["step"] is None else str(row["step"])
-        table.add_row(row["task"], row["regime"], str(row["seed"]), row["status"], step, success, row["node"] or "")
-    Console().print(table)
+        step = "" if row["step"] is None else f"{row['step']}/{row['steps']}" if row.get("steps") else str(row["step"])
+        left = "" if row["status"] in ("kept", "finished") else _hours(row.get("left_s"))
+        table.add_row(
+            row["task"], row["regime"], str(row["seed"]), row["status"], step, success, left, row["node"] or ""
+        )
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
-    print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    unfinished = [r for r in rows if r["status"] not in ("kept", "finished")]
+    known = [r["left_s"] for r in unfinished if r.get("left_s") is not None]
+    print(
+        ", ".join(f"{n} {s}" for s, n in counts.items())
+        + (
+            f"; about {_hours(sum(known))} of runs left"
+            + (f" for {len(known)} of the {len(unfinished)} unfinished" if len(known) < len(unfinished) else "")
+            + " (a started run at its own pace, a pending one at its task's mean kept wall time; runs at once divide it)"
+            if known
+            else ""
+        )
+    )
+
+
+def _hours(seconds: float | None) -> str:
+    """A duration as `mas-lab study status` shows it: minutes under an hour, else hours."""
+    if seconds is None:
+        return "?"
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
 
 
 @study_app.command("tui")

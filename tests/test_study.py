@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -214,6 +215,7 @@ def test_status_tells_running_interrupted_and_started_runs_apart(tmp_path, toy_r
     import shutil
 
     from mas_lab.records.control import acquire_lock, release_lock
+    from mas_lab.records.store import RunStore
     from mas_lab.study.families import slug
 
     families = load_study(_toy_study(tmp_path, seeds=[0]))
@@ -229,9 +231,33 @@ def test_status_tells_running_interrupted_and_started_runs_apart(tmp_path, toy_r
         assert study_status(families)[1]["status"] == "running"
     finally:
         release_lock(folder)
+    assert row["steps"] == summary["steps"] and row["left_s"] == 0.0  # a finished copy has nothing left
+    task_file = folder / "task.yaml"
+    task = yaml.safe_load(task_file.read_text())
+    task["train"]["steps"] = summary["steps"] + 2  # two steps left, an evaluation after each (every 2, the end)
+    task_file.write_text(yaml.safe_dump(task))
+    store = RunStore(folder / "run.db", create=False)
+    step_times, eval_times = [v for _, v in store.series("time/step")], [v for _, v in store.series("eval/time")]
+    store.close()
+    row = study_status(families)[1]
+    expected = 2 * statistics.median(step_times[-5:]) + 2 * eval_times[-1]
+    assert row["steps"] == summary["steps"] + 2 and row["left_s"] == pytest.approx(expected)
     shutil.rmtree(folder / "checkpoints")
     assert study_status(families)[1]["status"] == "started"
     assert folder.is_dir()  # status removes nothing
+
+
+def test_time_left_counts_the_steps_and_the_evaluations_still_to_come():
+    """At the run's pace: the median of its last five step times per step left, its last
+    evaluation's time per evaluation left (every eval_every and at the end)."""
+    from mas_lab.training.progress import time_left
+
+    steps = [100.0, 10, 20, 30, 40, 80]  # the first (slow) step is past the last five; their median 30
+    assert time_left(steps, [300.0, 7.0], 4, 10, 5) == 6 * 30 + 2 * 7  # evaluations at 5 and 10
+    assert time_left(steps, [7.0], 4, 9, 5) == 5 * 30 + 2 * 7  # at 5 and at the end, 9
+    assert time_left(steps, [], 4, 9, None) == 5 * 30  # never evaluated yet
+    assert time_left(steps, [7.0], 10, 10, 5) == 0.0
+    assert time_left([], [7.0], 0, 10, 5) is None  # no step timed yet
 
 
 def test_the_study_screen_lists_cells_opens_a_run_and_compares_a_task(tmp_path, toy_run):
@@ -294,12 +320,15 @@ def test_a_kept_cell_opens_from_its_unpacked_store(tmp_path, toy_run, monkeypatc
     monkeypatch.setenv("MAS_LAB_CACHE", str(tmp_path / "cache"))
     families = load_study(_toy_study(tmp_path, seeds=[0]))
     _, run_dir, summary = toy_run
-    result = {"regime": "single agent", "seed": 0, "run_dir": str(run_dir), "summary": summary}
+    result = {"regime": "single agent", "seed": 0, "run_dir": str(run_dir), "summary": summary, "wall_s": 7200.0}
     keep(result, families[0].archive_dir)
     (moved := dict(result))["run_dir"] = str(tmp_path / "gone")  # the work folder is gone
     (families[0].archive_dir / "single-agent" / "seed-0" / "summary.json").write_text(json.dumps(moved))
-    row = study_status(families)[0]
+    row, pending = study_status(families)
     assert row["status"] == "kept" and row["run_dir"] is None and row["success"] == summary["eval_after"]
+    assert pending["status"] == "pending" and pending["left_s"] == 7200.0  # its task's mean kept wall time
+    shown = CliRunner().invoke(app, ["study", "status", str(tmp_path / "toy-study.yaml")])
+    assert "1 kept, 1 pending; about 2.0 h of runs left" in shown.output, shown.output
     folder = cell_run_folder(row)
     assert folder.is_relative_to(tmp_path / "cache") and (folder / "task.yaml").is_file()
     store = RunStore(folder / "run.db", create=False)

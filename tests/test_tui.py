@@ -1,6 +1,7 @@
 """The dashboard, driven with Textual's Pilot on stores made by real tiny-model runs."""
 
 import asyncio
+import statistics
 import subprocess
 import sys
 import time
@@ -420,3 +421,26 @@ def test_the_event_log_wraps_at_the_pane_and_never_cuts_a_number():
     for event in RunStore(run / "run.db", create=False).events():
         if event["kind"] == "warmup":
             assert event["message"].split()[-1] in shown  # the nll, e.g. 0.466, whole
+
+
+def test_the_live_header_eta_counts_the_evaluations_left(finished, tmp_path):
+    """The live screen's eta is training/progress.time_left over the run's own step and
+    evaluation times (it once multiplied the mean step time by the steps left, leaving out the
+    evaluations, each of which can take minutes)."""
+    import shutil
+
+    from mas_lab.training.progress import time_left
+    from tui.data import live_snapshot
+
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("run.lock"))
+    store = RunStore(copy / "run.db")  # for writing: the task's steps are changed below
+    task = store.meta()["task"]
+    assert live_snapshot(copy, 0.0).left_s == 0.0  # finished: nothing left
+    store.set_meta(task={**task, "train": {**task["train"], "steps": task["train"]["steps"] + 2}})
+    step_times, eval_times = [v for _, v in store.series("time/step")], [v for _, v in store.series("eval/time")]
+    store.close()
+    left = live_snapshot(copy, 0.0).left_s
+    steps, every = task["train"]["steps"], task["train"]["eval_every"]
+    assert left == time_left(step_times, eval_times, steps, steps + 2, every) > 2 * min(step_times)
+    assert left >= 2 * statistics.median(step_times[-5:]) + eval_times[-1]  # at least the final evaluation

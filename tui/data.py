@@ -10,7 +10,8 @@ from pathlib import Path
 from mas_lab.analysis.plots import panel_series
 from mas_lab.records.control import RunControl
 from mas_lab.records.store import RunStore
-from mas_lab.training.metric_names import TIME_SPLIT
+from mas_lab.training.metric_names import EVAL_TIME, STEP_TIME, TIME_SPLIT
+from mas_lab.training.progress import time_left
 
 SPLIT = TIME_SPLIT
 
@@ -30,7 +31,7 @@ class LiveSnapshot:
     events: list[dict] = field(default_factory=list)
     started: float | None = None
     finished: float | None = None
-    mean_step_s: float | None = None
+    left_s: float | None = None  # training/progress.time_left: steps and evaluations left at the run's pace
 
 
 def live_snapshot(run_dir: Path, events_after: float) -> LiveSnapshot:
@@ -40,20 +41,19 @@ def live_snapshot(run_dir: Path, events_after: float) -> LiveSnapshot:
         task = meta.get("task") or {}
         state = RunControl(store).status()
         steps = store.metrics()
-        train = [m for m in steps.values() if "time/step" in m]
+        train = [m for m in steps.values() if STEP_TIME in m]
         last = dict(train[-1]) if train else {}
         first, last_finished = store.time_span()
-        mean_step = sum(m["time/step"] for m in train[-5:]) / len(train[-5:]) if train else None
+        total = int(task.get("train", {}).get("steps", 0))
+        left = time_left(
+            [m[STEP_TIME] for m in train],
+            [m[EVAL_TIME] for m in steps.values() if EVAL_TIME in m],
+            max((s for s, m in steps.items() if STEP_TIME in m), default=0),
+            total,
+            task.get("train", {}).get("eval_every"),
+        )
         return LiveSnapshot(
-            task,
-            state,
-            int(task.get("train", {}).get("steps", 0)),
-            panel_series(store),
-            last,
-            store.events(events_after),
-            first,
-            last_finished,
-            mean_step,
+            task, state, total, panel_series(store), last, store.events(events_after), first, last_finished, left
         )
     finally:
         store.close()

@@ -138,7 +138,7 @@ class LiveScreen(Screen):
         step = state.get("step") or 0
         paused = bool(state.get("paused"))
         status = "PAUSED" if paused else ("RUNNING" if state.get("running") else str(state.get("status", "")).upper())
-        remaining = (snap.total_steps - step) * snap.mean_step_s if snap.mean_step_s else None
+        remaining = snap.left_s
         end = now() if state.get("running") else snap.finished
         elapsed = end - snap.started if snap.started and end else None
         header = (

@@ -28,6 +28,7 @@ from mas_lab.training.metric_names import (
     HARD_SUCCESS,
     LEARNER_FLOPS,
     ROLLOUT_FLOPS,
+    STEP_TIME,
     TIME_KEYS,
     rule_key,
 )
@@ -113,7 +114,7 @@ def panel_series(store: RunStore) -> dict[str, tuple[str, dict[str, list[tuple[i
         needed = REQUIRES.get(panel)
         if chosen and (needed is None or any(_matches(k, needed) for k in keys)):
             series = {key: store.series(key) for key in chosen}
-            out[panel] = (title, _time_split(series, store.series("time/step")) if panel == "time" else series)
+            out[panel] = (title, _time_split(series, store.series(STEP_TIME)) if panel == "time" else series)
     return out
 
 

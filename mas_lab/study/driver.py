@@ -11,6 +11,7 @@ import json
 import lzma
 import os
 import shutil
+import statistics
 import sys
 import threading
 from collections.abc import Callable
@@ -27,7 +28,8 @@ from mas_lab.study.report import report
 from mas_lab.study.reuse import take_all
 from mas_lab.study.runner import STORE, complete, run_regime
 from mas_lab.study.spec import read_kept_json
-from mas_lab.training.metric_names import EVAL_SUCCESS
+from mas_lab.training.metric_names import EVAL_SUCCESS, EVAL_TIME, STEP_TIME
+from mas_lab.training.progress import time_left
 
 
 def parent_run(families: list[Family]) -> tuple[str, ...]:
@@ -216,6 +218,9 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
             row.update(
                 status="kept" if summary == kept else "finished",
                 step=result["summary"].get("steps"),
+                steps=result["summary"].get("steps"),
+                left_s=0.0,
+                wall_s=result.get("wall_s"),
                 success=result["summary"].get("eval_after"),
                 node=(result.get("placement") or [row["node"]])[-1],
                 run_dir=result["run_dir"] if Path(result["run_dir"], "run.db").is_file() else None,
@@ -225,22 +230,50 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
             continue
         run_dirs = sorted(p.parent for p in (cell.folder / "runs").glob("*/run.db"))
         if not run_dirs:
-            rows.append({**row, "status": "pending", "step": None, "success": None, "run_dir": None, "kept": None})
+            rows.append(
+                {**row, "status": "pending", "step": None, "steps": None, "left_s": None}
+                | {"success": None, "run_dir": None, "kept": None}
+            )
             continue
         run_dir = run_dirs[-1]
         status = "running" if lock_held(run_dir) else "interrupted" if checkpoint.complete(run_dir) else "started"
-        step = success = None
+        step = success = steps = left = None
         try:
+            task = load_task(run_dir / "task.yaml")
+            steps = task.train.steps
             store = RunStore(run_dir / "run.db", create=False)
             try:
-                step = max((s for s, m in store.metrics().items() if "time/step" in m), default=0)
+                step = max((s for s, m in store.metrics().items() if STEP_TIME in m), default=0)
                 evals = store.series(EVAL_SUCCESS)
                 success = evals[-1][1] if evals else None
+                left = time_left(
+                    [v for _, v in store.series(STEP_TIME)],
+                    [v for _, v in store.series(EVAL_TIME)],
+                    step,
+                    steps,
+                    task.train.eval_every,
+                )
             finally:
                 store.close()
-        except Exception:  # noqa: BLE001 - a store being created right now
+        except Exception:  # noqa: BLE001 - a store or task file being created right now
             pass
-        rows.append({**row, "status": status, "step": step, "success": success, "run_dir": str(run_dir), "kept": None})
+        rows.append(
+            {**row, "status": status, "step": step, "steps": steps, "left_s": left}
+            | {"success": success, "run_dir": str(run_dir), "kept": None}
+        )
+    return _pending_left(rows)
+
+
+def _pending_left(rows: list[dict]) -> list[dict]:
+    """A pending cell's time left: the mean wall time of its task's complete runs in this study
+    (None while it has none)."""
+    walls: dict[str, list[float]] = {}
+    for row in rows:
+        if row["status"] in ("kept", "finished") and row.get("wall_s"):
+            walls.setdefault(row["task"], []).append(row["wall_s"])
+    for row in rows:
+        if row["status"] == "pending" and walls.get(row["task"]):
+            row["left_s"] = statistics.fmean(walls[row["task"]])
     return rows
 
 

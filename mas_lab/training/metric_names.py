@@ -4,6 +4,7 @@ the charts, the dashboard and the benchmarks."""
 # the step's wall time split, recorded as time/<part> (and time/step, the whole)
 TIME_SPLIT = ("rollout", "reward", "learner", "weight_sync", "other")
 TIME_KEYS = tuple(f"time/{part}" for part in TIME_SPLIT)
+STEP_TIME = "time/step"
 
 # per policy, recorded as <name>/<policy>: the counted FLOPs of a phase over the step (modeling/flops.py),
 # their rate over the phase's seconds, and that rate against this machine's measured matmul peak

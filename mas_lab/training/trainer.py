@@ -33,7 +33,7 @@ from mas_lab.training.curriculum import promotion
 from mas_lab.training.diagnostics import diagnostics
 from mas_lab.training.episodes import Episode, Generate, Timing, call_seed, tree_rollout
 from mas_lab.training.evaluation import Evaluator
-from mas_lab.training.metric_names import LEARNER_METRICS, TIME_KEYS
+from mas_lab.training.metric_names import LEARNER_METRICS, STEP_TIME, TIME_KEYS
 from mas_lab.training.progress import Progress, ProgressEvent
 from mas_lab.training.warmup import format_warm_up, warmup_fingerprint
 
@@ -229,7 +229,7 @@ class Trainer:
         total = time.perf_counter() - started
         split = (timing.generate_s, timing.reward_s, learner_s, sync_s)
         metrics.update(zip(TIME_KEYS, (*split, max(0.0, total - sum(split)))))
-        metrics["time/step"] = total
+        metrics[STEP_TIME] = total
         if algo.overlap:  # after the update, how long the next step's rollout still ran
             metrics["time/overlap_wait"] = wait_s
         metrics.update(staleness(episodes, step))
