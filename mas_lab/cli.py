@@ -45,7 +45,7 @@ from mas_lab.records.episode_text import format_episode
 from mas_lab.records.run_folder import PACKED, NotARunFolder, is_run_folder, run_folder
 from mas_lab.records.store import RunStore, StoreError
 from mas_lab.records.tracking import rebuild, resolve_uri
-from mas_lab.study.driver import run_study, summary_rows
+from mas_lab.study.driver import STATUS_COLUMNS, run_study, status_cells, status_line, summary_rows
 from mas_lab.study.driver import study_status as read_study_status
 from mas_lab.study.precision import MixedPrecision
 from mas_lab.study.reuse import ReuseError
@@ -872,35 +872,11 @@ def study_status(
         for row in rows:
             print(json.dumps(row))
         return
-    table = Table("task", "regime", "seed", "status", "step", "held-out", "left", "node")
+    table = Table(*STATUS_COLUMNS)
     for row in rows:
-        success = "" if row["success"] is None else f"{row['success']:.3f}"
-        step = "" if row["step"] is None else f"{row['step']}/{row['steps']}" if row.get("steps") else str(row["step"])
-        left = "" if row["status"] in ("kept", "finished") else _hours(row.get("left_s"))
-        table.add_row(
-            row["task"], row["regime"], str(row["seed"]), row["status"], step, success, left, row["node"] or ""
-        )
+        table.add_row(*status_cells(row))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
-    counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
-    unfinished = [r for r in rows if r["status"] not in ("kept", "finished")]
-    known = [r["left_s"] for r in unfinished if r.get("left_s") is not None]
-    print(
-        ", ".join(f"{n} {s}" for s, n in counts.items())
-        + (
-            f"; about {_hours(sum(known))} of runs left"
-            + (f" for {len(known)} of the {len(unfinished)} unfinished" if len(known) < len(unfinished) else "")
-            + " (a started run at its own pace, a pending one at its task's mean kept wall time; runs at once divide it)"
-            if known
-            else ""
-        )
-    )
-
-
-def _hours(seconds: float | None) -> str:
-    """A duration as `mas-lab study status` shows it: minutes under an hour, else hours."""
-    if seconds is None:
-        return "?"
-    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+    print(status_line(rows))
 
 
 @study_app.command("tui")

@@ -288,7 +288,9 @@ def test_the_study_screen_lists_cells_opens_a_run_and_compares_a_task(tmp_path, 
             table = app.query_one("#cells", DataTable)
             assert table.row_count == 4
             assert [table.get_row_at(i)[3] for i in range(4)] == ["pending", "finished", "pending", "pending"]
-            assert table.get_row_at(1)[5] == f"{summary['eval_after']:.3f}" and table.get_row_at(1)[6] == "here"
+            finished = table.get_row_at(1)
+            assert finished[4] == f"{summary['steps']}/{summary['steps']}" and finished[7] == "here"
+            assert finished[5] == f"{summary['eval_after']:.3f}" and finished[6] == ""  # nothing left
             assert "4 cells: 3 pending, 1 finished" in str(app.query_one("#study-counts").render())
             await pilot.press("enter")  # the first row: pending
             await pilot.pause()

@@ -1,5 +1,5 @@
 """The study screen: every cell of a study (task, regime, seed) with its status, step, last held-out
-success and node, refreshed every 2 s from the cells' folders (mas_lab.study.driver.study_status);
+success, time left and node, refreshed every 2 s from the cells' folders (mas_lab.study.driver.study_status);
 enter opens a cell's run in the dashboard, c compares the selected task's runs (mas_lab.analysis.compare:
 the pooled table and the settings that differ, the PNGs written beside)."""
 
@@ -14,10 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Markdown, Static
 
 from mas_lab.analysis.compare import compare
-from mas_lab.study.driver import cell_run_folder, study_status
+from mas_lab.study.driver import STATUS_COLUMNS, cell_run_folder, status_cells, status_line, study_status
 from mas_lab.study.families import Family
-
-COLUMNS = ("task", "regime", "seed", "status", "step", "held-out", "node")
 
 
 class StudyCompareScreen(ModalScreen):
@@ -57,7 +55,7 @@ class StudyApp(App):
         yield Header()
         yield Static("", id="study-counts", markup=False)
         table: DataTable = DataTable(id="cells", zebra_stripes=True, cursor_type="row")
-        table.add_columns(*COLUMNS)
+        table.add_columns(*STATUS_COLUMNS)
         yield table
         yield Footer()
 
@@ -71,23 +69,10 @@ class StudyApp(App):
         cursor = table.cursor_row
         table.clear()
         for row in self.rows:
-            table.add_row(
-                row["task"],
-                row["regime"],
-                str(row["seed"]),
-                row["status"],
-                "" if row["step"] is None else str(row["step"]),
-                "" if row["success"] is None else f"{row['success']:.3f}",
-                row["node"] or "",
-            )
+            table.add_row(*status_cells(row))
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))
-        counts: dict[str, int] = {}
-        for row in self.rows:
-            counts[row["status"]] = counts.get(row["status"], 0) + 1
-        self.query_one("#study-counts", Static).update(
-            f"{len(self.rows)} cells: " + ", ".join(f"{n} {status}" for status, n in counts.items())
-        )
+        self.query_one("#study-counts", Static).update(f"{len(self.rows)} cells: {status_line(self.rows)}")
 
     def selected(self) -> dict | None:
         table = self.query_one("#cells", DataTable)

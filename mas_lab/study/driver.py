@@ -264,6 +264,47 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
     return _pending_left(rows)
 
 
+STATUS_COLUMNS = ("task", "regime", "seed", "status", "step", "held-out", "left", "node")
+
+
+def status_cells(row: dict) -> tuple[str, ...]:
+    """A study_status row as `study status` and the study screen show it (STATUS_COLUMNS)."""
+    step = "" if row["step"] is None else f"{row['step']}/{row['steps']}" if row.get("steps") else str(row["step"])
+    return (
+        row["task"],
+        row["regime"],
+        str(row["seed"]),
+        row["status"],
+        step,
+        "" if row["success"] is None else f"{row['success']:.3f}",
+        "" if row["status"] in ("kept", "finished") else hours(row.get("left_s")),
+        row["node"] or "",
+    )
+
+
+def status_line(rows: list[dict]) -> str:
+    """The cells counted by status, and the time the unfinished ones have left in all."""
+    counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
+    unfinished = [r for r in rows if r["status"] not in ("kept", "finished")]
+    known = [r["left_s"] for r in unfinished if r.get("left_s") is not None]
+    line = ", ".join(f"{n} {s}" for s, n in counts.items())
+    if known:
+        line += f"; about {hours(sum(known))} of runs left" + (
+            f" for {len(known)} of the {len(unfinished)} unfinished" if len(known) < len(unfinished) else ""
+        )
+        line += (
+            " (a started run at its own pace, a pending one at its task's mean kept wall time; runs at once divide it)"
+        )
+    return line
+
+
+def hours(seconds: float | None) -> str:
+    """A duration as the study's status shows it: minutes under an hour, else hours."""
+    if seconds is None:
+        return "?"
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
 def _pending_left(rows: list[dict]) -> list[dict]:
     """A pending cell's time left: the mean wall time of its task's complete runs in this study
     (None while it has none)."""
