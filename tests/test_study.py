@@ -137,8 +137,17 @@ def test_a_toy_study_runs_nests_its_runs_in_mlflow_and_does_not_run_kept_runs_ag
     assert client.get_run(parent_id).info.status == "FINISHED"
     status = CliRunner().invoke(app, ["study", "status", str(path), "--json"])
     assert [json.loads(line)["status"] for line in status.output.splitlines()] == ["kept", "kept"]
-    again = subprocess.run([MAS_LAB, "study", str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    run_dirs = sorted(p.parent for p in study.glob("**/seed-0/runs/*/run.db"))
+    assert len(run_dirs) == 2 and all((d / "checkpoints").is_dir() for d in run_dirs)  # kept by default
+    packed = [p.read_bytes() for p in sorted(study.glob("**/archive/*/seed-0/*"))]
+    assert len(packed) == 6  # per run: run.db.xz, summary.json, task.yaml
+    again = subprocess.run(
+        [MAS_LAB, "study", str(path), "--drop-checkpoints"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert again.returncode == 0 and "runs to go" not in again.stderr  # nothing run twice
+    assert not any((d / "checkpoints").exists() for d in run_dirs) and all((d / "run.db").is_file() for d in run_dirs)
+    assert again.stderr.count("removed (the run is kept; --drop-checkpoints)") == 2
+    assert [p.read_bytes() for p in sorted(study.glob("**/archive/*/seed-0/*"))] == packed  # the archive untouched
 
 
 def _kill_driver(proc: subprocess.Popen) -> None:

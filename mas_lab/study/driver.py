@@ -26,7 +26,7 @@ from mas_lab.study.families import Cell, Family, archive_folder, cells
 from mas_lab.study.precision import check as check_precision
 from mas_lab.study.report import report
 from mas_lab.study.reuse import take_all
-from mas_lab.study.runner import STORE, complete, run_regime
+from mas_lab.study.runner import STORE, complete, drop_checkpoints, run_regime
 from mas_lab.study.spec import read_kept_json
 from mas_lab.training.metric_names import EVAL_SUCCESS, EVAL_TIME, STEP_TIME
 from mas_lab.training.progress import time_left
@@ -94,9 +94,11 @@ def run_study(
     extra: list[str] | None = None,
     report_only: bool = False,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    prune: bool = False,
 ) -> dict[str, list[dict]]:
     """Run what is not kept yet, report each task after each of its runs and once at the end;
-    returns each task's complete runs."""
+    returns each task's complete runs. `prune`: each kept run's checkpoints are removed as it is
+    kept (runner.drop_checkpoints), and those of runs kept before."""
     extra = list(extra or [])
     for taken in take_all(families, seeds, only, extra):  # checked first: a ReuseError writes nothing
         log(f"[study] {taken['regime']} seed {taken['seed']}: the same run kept in {taken['reused_from']}, taken")
@@ -107,9 +109,15 @@ def run_study(
         Path(family.out).mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
 
+    def kept(family: Family) -> list[dict]:
+        results = complete(Path(family.out), family.archive_dir, family.names)
+        for folder in drop_checkpoints(results) if prune else []:
+            log(f"[study] {folder}: removed (the run is kept; --drop-checkpoints)")
+        return results
+
     def finished(family: Family) -> None:
         with lock:
-            report(family, complete(Path(family.out), family.archive_dir, family.names), Path(family.out))
+            report(family, kept(family), Path(family.out))
 
     if todo and not report_only:
         parent = parent_run(families)
@@ -124,7 +132,7 @@ def run_study(
             finish_parent(families, "FINISHED")
     out = {}
     for family in families:
-        results = complete(Path(family.out), family.archive_dir, family.names)
+        results = kept(family)
         report(family, results, Path(family.out))
         out[family.key] = results
     return out
