@@ -247,22 +247,17 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
         status = "running" if lock_held(run_dir) else "interrupted" if checkpoint.complete(run_dir) else "started"
         step = success = steps = left = None
         try:
-            task = load_task(run_dir / "task.yaml")
-            steps = task.train.steps
             store = RunStore(run_dir / "run.db", create=False)
             try:
                 step = max((s for s, m in store.metrics().items() if STEP_TIME in m), default=0)
                 evals = store.series(EVAL_SUCCESS)
                 success = evals[-1][1] if evals else None
-                left = time_left(
-                    [v for _, v in store.series(STEP_TIME)],
-                    [v for _, v in store.series(EVAL_TIME)],
-                    step,
-                    steps,
-                    task.train.eval_every,
-                )
+                step_times = [v for _, v in store.series(STEP_TIME)]
+                eval_times = [v for _, v in store.series(EVAL_TIME)]
             finally:
                 store.close()
+            train = load_task(run_dir / "task.yaml").train
+            steps, left = train.steps, time_left(step_times, eval_times, step, train.steps, train.eval_every)
         except Exception:  # noqa: BLE001 - a store or task file being created right now
             pass
         rows.append(
