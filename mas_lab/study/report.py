@@ -482,40 +482,39 @@ SPIKE = 3.0  # a gradient-norm spike: a step whose norm exceeds SPIKE times its 
 
 
 def kept_metrics(result: dict) -> dict[int, dict[str, float]]:
-    """A kept run's metrics by step (RunStore.metrics), unpacked once per report process: the
-    report's update and spike lines both read them."""
-    return _kept_reading(result)[0]
+    """A kept run's metrics by step (RunStore.metrics), read once per report process: the report's
+    update and spike lines both read them."""
+    store = Path(result["store"])
+    return _metrics_of(str(store), store.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _metrics_of(store: str, mtime_ns: int) -> dict[int, dict[str, float]]:  # mtime: a store replaced is read again
+    with kept_store({"store": store}) as opened:
+        return opened.metrics()
 
 
 def kept_answers(result: dict) -> dict[int, int]:
     """A kept run's count of different first answers on the main held-out problems at each evaluation
-    (its resolved task.yaml beside the store says which episodes are the main set); empty when the
-    run kept no task file."""
-    return _kept_reading(result)[1]
-
-
-def _kept_reading(result: dict) -> tuple[dict[int, dict[str, float]], dict[int, int]]:
+    (Env.first_answers; its resolved task.yaml beside the store says which episodes are the main set);
+    empty when the run kept no task file. The store is unpacked once per process (plots.kept_store)."""
     store = Path(result["store"])
-    return _read_kept(str(store), store.stat().st_mtime_ns)
+    return _answers_of(str(store), store.stat().st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=None)
-def _read_kept(store: str, mtime_ns: int) -> tuple[dict[int, dict[str, float]], dict[int, int]]:
-    """What the report reads of a kept store, from one unpacking: its metrics by step, and its count of
-    different first answers at each evaluation (Env.first_answers). mtime: a store replaced is read again."""
+def _answers_of(store: str, mtime_ns: int) -> dict[int, int]:  # mtime: a store replaced is read again
     task_file = Path(store).parent / "task.yaml"
-    task = load_task(task_file) if task_file.is_file() else None
+    if not task_file.is_file():
+        return {}
+    task = load_task(task_file)
+    env_cls = ENVS[task.env.name]
+    params, main = env_cls.Params.coerce(task.env.params), task.train.eval_problems
     with kept_store({"store": store}) as opened:
-        metrics = opened.metrics()
-        if task is None:
-            return metrics, {}
-        env_cls = ENVS[task.env.name]
-        params, main = env_cls.Params.coerce(task.env.params), task.train.eval_problems
-        answers = {
+        return {
             step: len(env_cls.first_answers(params, (row for row in opened.chosen_replies(step) if row[0] < main)))
             for step in opened.episode_steps("eval")
         }
-    return metrics, answers
 
 
 def grad_spikes(results: list[dict]) -> list[str]:
