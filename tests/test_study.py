@@ -321,6 +321,29 @@ def test_the_study_screen_lists_cells_opens_a_run_and_compares_a_task(tmp_path, 
     assert asyncio.run(go()) == copy
 
 
+def test_a_pending_cell_is_estimated_at_its_regimes_kept_wall_time():
+    """Regimes of one task differ in cost (plan_path_paper: one agent with the tool 5.1 h, a team
+    1.2 h): a pending cell takes its own regime's mean, its task's only while its regime has none."""
+    from mas_lab.study.driver import _pending_left, status_line
+
+    def row(task, regime, status, wall=None):
+        return {"task": task, "regime": regime, "status": status, "wall_s": wall, "left_s": None}
+
+    rows = _pending_left(
+        [
+            row("paper", "team", "kept", 3600.0),
+            row("paper", "team", "finished", 5400.0),
+            row("paper", "single with the tool", "kept", 18000.0),
+            row("paper", "team", "pending"),
+            row("paper", "single with the tool", "pending"),
+            row("paper", "per-role LoRA", "pending"),
+            row("sokoban", "team", "pending"),
+        ]
+    )
+    assert [r["left_s"] for r in rows[3:]] == [4500.0, 18000.0, 9000.0, None]
+    assert "about 8.8 h of runs left for 3 of the 4 unfinished" in status_line(rows)
+
+
 def test_a_kept_cell_opens_from_its_unpacked_store(tmp_path, toy_run, monkeypatch):
     """A run kept only in the archive (run.db.xz, as results/ ships them) opens as a run folder
     unpacked once into the cache; its status row reads the kept summary."""

@@ -68,6 +68,7 @@ WORK_DIR = "/tmp/mas-lab-sandbox-run"  # the program's folder inside the sandbox
 NOBODY = 65534
 SLOT_UID_BASE = 1_990_000_000  # outer uids of concurrent runs when root (owned by nothing else)
 SLOTS = 64
+SETUP_RETRY_S = (0.2, 1.0)  # the waits before each new try of a sandbox that could not be set up
 
 
 @dataclass
@@ -345,13 +346,17 @@ def _classify(returncode: int, stderr: str) -> str:
 
 def _run(code: str, limits: Limits, isolation: Isolation, stdin: str = "") -> SandboxResult:
     """One program's result; the machinery's own failure (sandbox_error: bubblewrap could not set up
-    its namespaces, a fork was refused) is tried once more, since it is often momentary on a loaded
-    machine (every run is hermetic: trying again cannot see the first try); a second is the status."""
+    its namespaces, a fork was refused) is tried again after each of SETUP_RETRY_S, since it is often
+    momentary on a loaded machine (every run is hermetic: trying again cannot see the first try); a
+    failure that outlasts them is the status. (Two tries 0.2 s apart were not enough once: the full
+    test tier beside two paused training runs got EAGAIN from bubblewrap's fork on both.)"""
     started = time.monotonic()
     result = _attempt(code, limits, isolation, stdin, started)
-    if result.status == "sandbox_error":
-        log.warning("sandbox: the sandbox could not be set up (%s); trying once more", result.stderr[-300:].strip())
-        time.sleep(0.2)
+    for delay in SETUP_RETRY_S:
+        if result.status != "sandbox_error":
+            break
+        log.warning("sandbox: the sandbox could not be set up (%s); trying again", result.stderr[-300:].strip())
+        time.sleep(delay)
         result = _attempt(code, limits, isolation, stdin, started)
     return result
 

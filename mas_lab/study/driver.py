@@ -296,7 +296,8 @@ def status_line(rows: list[dict]) -> str:
             f" for {len(known)} of the {len(unfinished)} unfinished" if len(known) < len(unfinished) else ""
         )
         line += (
-            " (a started run at its own pace, a pending one at its task's mean kept wall time; runs at once divide it)"
+            " (a started run at its own pace, a pending one at its regime's mean kept wall time,"
+            " else its task's; runs at once divide it)"
         )
     return line
 
@@ -309,15 +310,19 @@ def hours(seconds: float | None) -> str:
 
 
 def _pending_left(rows: list[dict]) -> list[dict]:
-    """A pending cell's time left: the mean wall time of its task's complete runs in this study
-    (None while it has none)."""
-    walls: dict[str, list[float]] = {}
+    """A pending cell's time left: the mean wall time of its regime's complete runs of its task in
+    this study, else of its task's (regimes differ: on plan_path_paper one agent with the tool took
+    5.1 h where a team took 1.2 h); None while the task has none."""
+    walls: dict[tuple, list[float]] = {}
     for row in rows:
         if row["status"] in ("kept", "finished") and row.get("wall_s"):
-            walls.setdefault(row["task"], []).append(row["wall_s"])
+            walls.setdefault((row["task"], row["regime"]), []).append(row["wall_s"])
+            walls.setdefault((row["task"],), []).append(row["wall_s"])
     for row in rows:
-        if row["status"] == "pending" and walls.get(row["task"]):
-            row["left_s"] = statistics.fmean(walls[row["task"]])
+        if row["status"] == "pending":
+            own = walls.get((row["task"], row["regime"])) or walls.get((row["task"],))
+            if own:
+                row["left_s"] = statistics.fmean(own)
     return rows
 
 
