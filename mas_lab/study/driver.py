@@ -313,16 +313,16 @@ def _pending_left(rows: list[dict]) -> list[dict]:
     """A pending cell's time left: the mean wall time of its regime's complete runs of its task in
     this study, else of its task's (regimes differ: on plan_path_paper one agent with the tool took
     5.1 h where a team took 1.2 h); None while the task has none."""
-    walls: dict[tuple, list[float]] = {}
+    by_regime: dict[tuple[str, str], list[float]] = {}
+    by_task: dict[str, list[float]] = {}
     for row in rows:
         if row["status"] in ("kept", "finished") and row.get("wall_s"):
-            walls.setdefault((row["task"], row["regime"]), []).append(row["wall_s"])
-            walls.setdefault((row["task"],), []).append(row["wall_s"])
+            by_regime.setdefault((row["task"], row["regime"]), []).append(row["wall_s"])
+            by_task.setdefault(row["task"], []).append(row["wall_s"])
     for row in rows:
-        if row["status"] == "pending":
-            own = walls.get((row["task"], row["regime"])) or walls.get((row["task"],))
-            if own:
-                row["left_s"] = statistics.fmean(own)
+        walls = by_regime.get((row["task"], row["regime"])) or by_task.get(row["task"])
+        if row["status"] == "pending" and walls:
+            row["left_s"] = statistics.fmean(walls)
     return rows
 
 
