@@ -40,6 +40,7 @@ from mas_lab.envs import ENVS
 from mas_lab.envs.base import EnvError
 from mas_lab.mlflow_ui import serve
 from mas_lab.modeling.models import NAMED, cache_dir, check_model_name
+from mas_lab.records import checkpoint  # at import: a failed run's line (_again) must not import under a memory limit
 from mas_lab.records.control import RunControl
 from mas_lab.records.episode_text import format_episode
 from mas_lab.records.run_folder import PACKED, NotARunFolder, is_run_folder, run_folder
@@ -145,7 +146,16 @@ def run(
         soft_wrap=True,
     )
     stopped_by: list[int] = []
-    summary = _train_with_progress(opened, use_ray=not no_ray, stopped_by=stopped_by)
+    try:
+        summary = _train_with_progress(opened, use_ray=not no_ray, stopped_by=stopped_by)
+    except (MemoryError, RuntimeError) as exc:  # the progress bar's thread refused before the run began
+        if not runs.short_of_memory(exc):
+            raise
+        opened.store.set_meta(status="failed", error=f"{type(exc).__name__}: {str(exc)[:400]}")
+        opened.tracker.finish("FAILED")
+        _fail(
+            f"the run ran out of memory before its first step ({type(exc).__name__}: {exc}); {_again(opened)}", code=1
+        )
     _print_summary(opened, summary)
     if summary.get("stopped"):  # a run that did not finish never exits 0, the code of one that did
         raise typer.Exit(128 + stopped_by[0] if stopped_by else STOPPED_ON_REQUEST)
@@ -215,12 +225,10 @@ def _run_failure(exc: BaseException, opened: runs.Run) -> str | None:
         return str(exc)
     if isinstance(exc, EnvError):  # a plugin's reward or observation the trainer cannot use
         return f"the run stopped: {exc}; nothing of this step was trained on or stored"
-    if isinstance(exc, (MemoryError, RuntimeError, ImportError)):  # an address-space or RAM limit
-        # a thread's stack and a shared library's pages are address space too: under `prlimit
-        # --as` a new thread is refused and torch fails to load
-        said = ("allocate memory", "out of memory", "can't start new thread", "failed to map segment")
-        if not isinstance(exc, MemoryError) and not any(words in str(exc) for words in said):
-            return None
+    short_of_memory = runs.short_of_memory(exc)  # an address-space or RAM limit
+    if isinstance(exc, (RuntimeError, ImportError)) and not short_of_memory:
+        return None
+    if short_of_memory:
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         return (
             f"the run ran out of memory ({type(exc).__name__}: {first}); its store and MLflow run are marked "
@@ -236,9 +244,6 @@ def _run_failure(exc: BaseException, opened: runs.Run) -> str | None:
 def _again(opened: runs.Run) -> str:
     """How to go on after a failure: resume from the last checkpoint, or start again where none
     was written (a resume would refuse: no complete checkpoint)."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     if checkpoint.complete(opened.run_dir):
         return f"continue with: mas-lab run --resume {opened.run_dir}"
     return "start it again (no checkpoint was written)"

@@ -109,6 +109,17 @@ def new_run_dir(task: TaskConfig, explicit: Path | None = None) -> Path:
     return run_dir
 
 
+# what a failure says when the machine's memory or address space ran out: a thread's stack and a
+# shared library's pages are address space too, so under `prlimit --as` a new thread is refused and
+# torch (ImportError), ray's or MLflow's libraries (OSError, ImportError) fail to load
+OUT_OF_MEMORY_WORDS = ("allocate memory", "out of memory", "can't start new thread", "failed to map segment")
+
+
+def short_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is the machine's memory limit, not the run's or the input's fault."""
+    return isinstance(exc, MemoryError) or any(words in str(exc) for words in OUT_OF_MEMORY_WORDS)
+
+
 def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> Run:
     """A run folder (locked by this process for its life) with the resolved task.yaml, a fresh
     store and a new MLflow run. The tracking URI is recorded absolute, so a resume from another
@@ -129,6 +140,8 @@ def new_run(task: TaskConfig, task_file: Path, run_dir: Path | None = None) -> R
         except MemoryError:  # the machine's limit, not the URI's fault: the caller says so
             raise
         except Exception as exc:
+            if short_of_memory(exc):  # MLflow's libraries failed to map under an address-space limit
+                raise MemoryError(str(exc)) from exc
             raise RunError(
                 f"tracking.mlflow_uri '{task.tracking.mlflow_uri}': MLflow cannot use it "
                 f"({type(exc).__name__}: {str(exc)[:300]})"

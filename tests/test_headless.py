@@ -58,3 +58,18 @@ def test_the_fake_backend_implements_the_backend_interface():
             "shutdown",
         )
     )
+
+
+def test_a_failed_runs_one_line_needs_no_numpy():
+    """The line a run's failure prints says whether a checkpoint exists (cli._again); listing the
+    checkpoints must not load numpy: under the address-space limit that failed torch's import,
+    numpy's libraries failed to map too, and the MemoryError raised while writing the line became a
+    traceback (CI, test_an_address_space_limit_too_small_for_torch_fails_the_run_in_one_line)."""
+    code = (
+        "import sys, tempfile, pathlib\n"
+        "from mas_lab.records import checkpoint\n"
+        "print(checkpoint.complete(pathlib.Path(tempfile.mkdtemp())), 'numpy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[] False"

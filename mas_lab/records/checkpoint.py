@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 PREFIX = "step-"
 
 
@@ -64,6 +62,10 @@ def begin(run_dir: Path, step: int, state: dict, extra: dict[str, bytes] | None 
     """Start checkpoint `step`: its temporary folder with state.json, the driver's RNG states as
     they are now and any `extra` files (name -> bytes: the trainer's rollout made ahead under
     algorithm.overlap); the policies are written next, possibly in the background."""
+    # listing checkpoints (a failed run's one line, under the memory limit that failed it) needs no numpy
+    # lazy: numpy, only where RNG states are written
+    import numpy as np
+
     started = time.perf_counter()
     root = folder(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -146,6 +148,9 @@ def verify(path: Path) -> dict:
 
 
 def restore_driver_rng(path: Path) -> None:
+    # lazy: numpy, only where RNG states are read
+    import numpy as np
+
     with open(path / "driver_rng.pkl", "rb") as handle:
         states = pickle.load(handle)
     random.setstate(states["python"])
