@@ -151,7 +151,8 @@ def run(
     except (MemoryError, RuntimeError) as exc:  # the progress bar's thread refused before the run began
         if not runs.short_of_memory(exc):
             raise
-        opened.store.set_meta(status="failed", error=f"{type(exc).__name__}: {str(exc)[:400]}")
+        runs.record_error(opened, exc)
+        opened.store.set_meta(status="failed")
         opened.tracker.finish("FAILED")
         _fail(
             f"the run ran out of memory before its first step ({type(exc).__name__}: {exc}); {_again(opened)}", code=1

@@ -31,6 +31,7 @@ from mas_lab.config import (
     swap_policies,
     task_to_yaml,
 )
+from mas_lab.records import checkpoint
 from mas_lab.records.control import RunControl, acquire_lock, release_lock
 from mas_lab.records.provenance import code_version
 from mas_lab.records.run_folder import NotARunFolder, is_run_folder, run_folder
@@ -185,9 +186,6 @@ def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
     mas-lab can read, a sound checkpoint, a task that matches it, the MLflow run reachable, and a
     store that still holds every step the checkpoint recorded (a lost or corrupted WAL would have
     dropped some). Only then roll the store back to the checkpoint."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     if not (run_dir / "run.db").is_file() or not (run_dir / "task.yaml").is_file():
         raise RunError(f"{run_dir}: not a run folder (needs run.db and task.yaml)")
     if not _lock(run_dir):
@@ -195,13 +193,13 @@ def resume(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
             f"{run_dir}: the run is still running (another process holds it); stop it first: mas-lab stop {run_dir}"
         )
     try:
-        return _resume_locked(run_dir, task_file, overrides, checkpoint)
+        return _resume_locked(run_dir, task_file, overrides)
     except BaseException:
         release_lock(run_dir)
         raise
 
 
-def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str], checkpoint) -> Run:
+def _resume_locked(run_dir: Path, task_file: Path | None, overrides: list[str]) -> Run:
     try:  # read-only until every check has passed
         reader = RunStore(run_dir / "run.db", create=False)
     except StoreError as exc:
@@ -412,7 +410,7 @@ def train(
         status = "KILLED"
         raise
     except BaseException as exc:  # the reason, for `status` and the dashboard
-        _record_error(run, exc)
+        record_error(run, exc)
         raise
     finally:
         # Each ending step on its own: a full disk that broke the run may break one of them too.
@@ -465,7 +463,8 @@ def _record_precision(run: Run, step: int, reports: dict[str, dict], tell) -> di
     return {actor: str(r["dtype"]) for actor, r in reports.items()}
 
 
-def _record_error(run: Run, exc: BaseException) -> None:
+def record_error(run: Run, exc: BaseException) -> None:
+    """The failure's reason in the store (`status`, the dashboard): its type and first line."""
     try:
         run.store.set_meta(
             error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"
@@ -491,9 +490,6 @@ def _dead_actor(exc: BaseException) -> str | None:
 def _back_to_last_checkpoint(run: Run, reason: str) -> Path:
     """After an actor died: drop the store's rows after the last checkpoint (MLflow has only steps
     up to it) and return that checkpoint, to restart the actors from it."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     found = checkpoint.complete(run.run_dir)
     if not found:
         raise RunError(f"{reason}, and {run.run_dir} has no checkpoint to restart from")
@@ -533,9 +529,6 @@ def eval_task(task_file: Path, overrides: list[str], mode: str | None = None, sw
 
 def policy_folder(checkpoint_dir: Path, task: TaskConfig) -> Path:
     """The folder holding every policy of `task` in a checkpoint (or a folder of saved policies)."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     if not checkpoint_dir.is_dir():
         raise RunError(f"{checkpoint_dir}: no such checkpoint folder")
     try:

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from mas_lab.config import TaskConfig
 from mas_lab.modeling.models import resolve
+from mas_lab.records import checkpoint as checkpoints
 from mas_lab.records.store import RunStore
 
 FORMATS = ("jsonl", "parquet")
@@ -160,9 +161,6 @@ def export_policy(checkpoint: Path, policy: str, output: Path, merge: bool = Tru
             sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []
         )
         raise ExportError(f"{checkpoint}: no checkpoint of policy '{policy}' (policies here: {found})")
-
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint as checkpoints
 
     if (checkpoint / "manifest.json").is_file():  # every file against its recorded size and SHA-256
         try:

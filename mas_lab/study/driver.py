@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mas_lab.config import load_task
 from mas_lab.modeling.models import cache_dir
+from mas_lab.records import checkpoint
 from mas_lab.records.control import lock_held
 from mas_lab.records.store import RunStore
 from mas_lab.records.tracking import Tracker
@@ -210,9 +211,6 @@ def study_status(families: list[Family], seeds: list[int] | None = None) -> list
     """Every cell: kept / finished / running / interrupted (a checkpoint to continue from) /
     started (no checkpoint yet, not running) / pending, its step, its last held-out success and
     the node of its last attempt. Read-only: nothing is kept or removed."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     rows = []
     for cell in cells(families, seeds):
         row: dict = {"task": cell.family.key, "regime": cell.regime, "seed": cell.seed}

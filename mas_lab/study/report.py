@@ -19,6 +19,7 @@ from mas_lab.analysis.paired import compare_paired, on_common_problems, sentence
 from mas_lab.analysis.reporting import update_diagnostics, wilson_interval
 from mas_lab.config import load_task
 from mas_lab.envs import ENVS, ProblemPool
+from mas_lab.records import checkpoint
 from mas_lab.study import families
 from mas_lab.study.families import Family, slug
 from mas_lab.study.plots import kept_store, plot
@@ -365,9 +366,6 @@ def progress(folder: Path) -> str:
     """ " (reached step N here ...)" for a run with a checkpoint in the work folder, else "": `make
     reproduce` continues it on this machine; a new machine, without the ignored work folder, starts
     it again."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     last = [found[-1] for p in (folder / "runs").glob("*/run.db") if (found := checkpoint.complete(p.parent))]
     return (
         (

@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from mas_lab.records import checkpoint
 from mas_lab.records.control import lock_held
 from mas_lab.records.store import RunStore
 from mas_lab.sandbox.children import die_with_parent
@@ -60,9 +61,6 @@ def unfinished(folder: Path, wait_s: float = 180.0) -> Path | None:
     attempt stopped before its first checkpoint is removed (it had nothing to keep). A folder whose
     run is still alive (its lock held: a driver just killed, its run writing the checkpoint of its
     SIGTERM) is waited for; one held for longer than `wait_s` raises RunningElsewhere."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     for run_dir in sorted(p.parent for p in (folder / "runs").glob("*/run.db")):
         deadline = time.monotonic() + wait_s
         while lock_held(run_dir):
@@ -221,9 +219,6 @@ def _run_cell(
 
 def swap_eval(family: Family, task: str, seed: int, run_dir: Path, folder: Path) -> dict | None:
     """The swap ablation: the trained per-role policies with the role -> policy map rotated."""
-    # lazy: numpy (the checkpoint module), only where a checkpoint is read
-    from mas_lab.records import checkpoint
-
     checkpoints = checkpoint.complete(run_dir)  # sealed ones, in step order
     if not checkpoints:
         return None
