@@ -111,6 +111,21 @@ def test_orderings_follow_the_paired_test_and_a_seed_going_the_other_way_withhol
     )
 
 
+def test_orderings_with_no_pair_on_a_shared_seed_say_so_and_leave_no_empty_table():
+    """A study with one kept regime (or two on different seeds) has compared nothing: the report
+    says "none yet", not "no pair is distinguishable", and writes no table header."""
+    from mas_lab.study.report import orderings, orderings_sentence
+
+    solved = {f"p{i}": i < 5 for i in range(20)}
+    for found in ({"A": {0: solved}}, {"A": {0: solved}, "B": {1: solved}}):
+        claimed, lines = orderings(sorted(found), found)
+        assert (claimed, lines) == ([], [])
+        assert orderings_sentence(claimed, lines) == "none yet: no two regimes share a seed"
+    claimed, lines = orderings(["A", "B"], {"A": {0: solved}, "B": {0: solved}})
+    assert claimed == [] and len(lines) == 3
+    assert orderings_sentence(claimed, lines) == "none: no pair of regimes is distinguishable"
+
+
 def test_every_reproduction_family_has_its_three_task_files_with_one_budget():
     """The regimes of a family differ only in the team and the update: same env, problems, steps,
     K, warm-up and evaluation (the paper's comparison at one budget). K is the largest group a turn

@@ -359,7 +359,14 @@ def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list
                 claimed.append(f"{a} above {b}{only}")
             elif v.word == "below":
                 claimed.append(f"{b} above {a}{only}")
-    return claimed, lines
+    return claimed, lines if len(lines) > 2 else []
+
+
+def orderings_sentence(claimed: list[str], pair_lines: list[str]) -> str:
+    """The claimed orderings in words; "none" says whether pairs were compared at all."""
+    if claimed:
+        return "; ".join(claimed)
+    return "none: no pair of regimes is distinguishable" if pair_lines else "none yet: no two regimes share a seed"
 
 
 def progress(folder: Path) -> str:
@@ -680,12 +687,9 @@ def report(family: Family, results: list[dict], out: Path) -> None:
         + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(rows, found).items()),
         "",
         "Orderings between the regimes that the paired test supports (significant at 0.05 pooled over seeds, "
-        "and no seed the other way): "
-        + ("; ".join(claimed) if claimed else "none: no pair of regimes is distinguishable")
-        + ".",
+        "and no seed the other way): " + orderings_sentence(claimed, pair_lines) + ".",
         "",
-        *pair_lines,
-        "",
+        *([*pair_lines, ""] if pair_lines else []),
     ]
     if hard_rows:
         text += [
@@ -694,11 +698,9 @@ def report(family: Family, results: list[dict], out: Path) -> None:
             + " ".join(f"{name} is {verdict}." for name, verdict in baseline_verdicts(hard_rows, hard_found).items()),
             "",
         ]
-    if len(hard_pairs) > 2:  # two regimes or more share a seed with a hard split
+    if hard_pairs:  # two regimes or more share a seed with a hard split
         text += [
-            "Orderings on the hard split: "
-            + ("; ".join(hard_claimed) if hard_claimed else "none: no pair of regimes is distinguishable")
-            + ".",
+            "Orderings on the hard split: " + orderings_sentence(hard_claimed, hard_pairs) + ".",
             "",
             *hard_pairs,
             "",
