@@ -332,7 +332,8 @@ def baseline_verdicts(rows: dict[str, dict], found: dict[str, dict[int, dict]]) 
 def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list[str], list[str]]:
     """Every pair of regimes, paired on the same held-out problems seed by seed: the orderings the
     paired test supports (significant pooled over seeds, and no seed the other way), and a table
-    of every pair with its discordant counts per seed, p-value and difference."""
+    of every pair with its discordant counts per seed, p-value and difference (no table where no
+    two regimes share a seed)."""
     claimed: list[str] = []
     lines = [
         "| regime A | regime B | discordant A only / B only, per seed | exact p | A - B [95%] | verdict |",
