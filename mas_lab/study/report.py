@@ -335,10 +335,7 @@ def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list
     of every pair with its discordant counts per seed, p-value and difference (no table where no
     two regimes share a seed)."""
     claimed: list[str] = []
-    lines = [
-        "| regime A | regime B | discordant A only / B only, per seed | exact p | A - B [95%] | verdict |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines: list[str] = []
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             v = paired_rows(found, a, b)
@@ -360,7 +357,11 @@ def orderings(names: list[str], found: dict[str, dict[int, dict]]) -> tuple[list
                 claimed.append(f"{a} above {b}{only}")
             elif v.word == "below":
                 claimed.append(f"{b} above {a}{only}")
-    return claimed, lines if len(lines) > 2 else []
+    header = [
+        "| regime A | regime B | discordant A only / B only, per seed | exact p | A - B [95%] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    return claimed, [*header, *lines] if lines else []
 
 
 def orderings_sentence(claimed: list[str], pair_lines: list[str]) -> str:
